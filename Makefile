@@ -1,0 +1,73 @@
+# Tangram: two commands for a fresh machine.
+#   make demo   set up everything, start the local stack, run the reference application
+#   make test   set up everything, run every test (unit + integration against the real stack)
+# The stack stays up after `make demo` until `make down`.
+
+SHELL        := /bin/bash
+PYTHON       ?= $(shell command -v python3.11 || command -v python3)
+VENV         := .venv
+TRITON_VENV  := .venv-triton
+BIN          := $(VENV)/bin
+UV           := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
+DURATION     ?= 60
+
+.PHONY: setup demo test unit integration up down status clean system-deps jars model
+
+setup: system-deps $(VENV)/.installed $(TRITON_VENV)/.installed jars model
+
+# Java and Maven come with the machine; Redis comes from Debian's packages.
+system-deps:
+	@command -v java >/dev/null || { echo "Java 17+ is required (apt-get install openjdk-17-jre-headless)"; exit 1; }
+	@command -v mvn  >/dev/null || { echo "Maven is required to fetch the Kafka jars (apt-get install maven)"; exit 1; }
+	@command -v redis-server >/dev/null || { \
+	  echo "installing redis-server from Debian's packages"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+
+$(UV):
+	$(PYTHON) -m pip install -q uv
+
+# 1. The application environment (streams, inference workers, CLI).
+$(VENV)/.installed: pyproject.toml | $(UV)
+	$(UV) venv -q --allow-existing -p $(PYTHON) $(VENV)
+	$(UV) pip install -q -p $(BIN)/python -e '.[dev]'
+	@touch $@
+
+# 2. The model-server environment: Triton as PyTriton ships it (numpy<2, so apart).
+$(TRITON_VENV)/.installed: inference_workers/requirements-triton.txt | $(UV)
+	$(UV) venv -q --allow-existing -p $(PYTHON) $(TRITON_VENV)
+	$(UV) pip install -q -p $(TRITON_VENV)/bin/python -r inference_workers/requirements-triton.txt
+	@touch $@
+
+# Kafka 4.x jars, resolved by Maven from Maven Central (cached in ~/.m2 between runs).
+jars: $(VENV)/.installed
+	$(BIN)/tangram stack jars
+
+# The reference model, trained by the project's own script on simulated data, exported to ONNX.
+model: $(VENV)/.installed
+	$(BIN)/tangram model train
+
+up: setup
+	$(BIN)/tangram up
+
+down:
+	@if [ -x $(BIN)/tangram ]; then $(BIN)/tangram down; fi
+
+status:
+	$(BIN)/tangram status
+
+demo: setup
+	$(BIN)/tangram up
+	$(BIN)/tangram apply topologies/predictive_maintenance.yaml
+	$(BIN)/tangram demo --duration $(DURATION)
+
+test: setup
+	$(BIN)/pytest -q tests
+
+unit: $(VENV)/.installed
+	$(BIN)/pytest -q tests/unit
+
+integration: setup
+	$(BIN)/pytest -q tests/integration
+
+clean: down
+	rm -rf .tangram $(VENV) $(TRITON_VENV)

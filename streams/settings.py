@@ -1,0 +1,66 @@
+"""Typed settings of the local stack.
+
+Every field can be overridden from the environment with the ``TANGRAM_`` prefix,
+e.g. ``TANGRAM_KAFKA_PORT=19092``. Tests run a second stack beside a developer's
+by pointing ``TANGRAM_HOME`` at a temporary folder and shifting the ports.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from streams import PROJECT_ROOT
+
+
+class StackSettings(BaseSettings):
+    """Where the local stack keeps its state and which ports it listens on (127.0.0.1)."""
+
+    model_config = SettingsConfigDict(env_prefix="TANGRAM_", frozen=True, extra="forbid")
+
+    home: Path = Field(PROJECT_ROOT / ".tangram", description="State, logs and pid files of the stack.")
+    host: str = Field("127.0.0.1", description="Every component listens on this address only.")
+    kafka_port: int = Field(9092, description="Kafka broker listener.")
+    kafka_controller_port: int = Field(9093, description="KRaft controller listener.")
+    registry_port: int = Field(8081, description="Schema registry REST API.")
+    redis_port: int = Field(6379, description="Redis (online feature store).")
+    triton_http_port: int = Field(8000, description="Triton HTTP/REST endpoint.")
+    triton_grpc_port: int = Field(8001, description="Triton gRPC endpoint.")
+    triton_metrics_port: int = Field(8002, description="Triton Prometheus metrics.")
+    triton_python: Path = Field(
+        PROJECT_ROOT / ".venv-triton" / "bin" / "python",
+        description="Interpreter of the model-server environment (nvidia-pytriton, numpy<2).",
+    )
+    app_python: Path = Field(Path(sys.executable), description="Interpreter of the application environment.")
+    model_repository: Path = Field(
+        PROJECT_ROOT / "inference_workers" / "model_repository",
+        description="Triton model repository (<model>/config.pbtxt, <model>/<version>/model.onnx).",
+    )
+    start_timeout_s: float = Field(90.0, description="How long each component may take to become ready.")
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.host}:{self.kafka_port}"
+
+    @property
+    def registry_url(self) -> str:
+        return f"http://{self.host}:{self.registry_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{self.host}:{self.redis_port}/0"
+
+    @property
+    def triton_grpc_url(self) -> str:
+        return f"{self.host}:{self.triton_grpc_port}"
+
+    @property
+    def triton_http_url(self) -> str:
+        return f"{self.host}:{self.triton_http_port}"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home / "logs"
