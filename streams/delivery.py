@@ -1,0 +1,316 @@
+"""Delivery guarantees, in one place. Every processor runs inside this loop.
+
+At-least-once (default)
+    consume a micro-batch → ``processor.process`` → produce every output →
+    wait until the broker acknowledged all of them (``acks=all``, idempotent
+    producer) → ``processor.flush`` (side effects such as Redis writes) → commit
+    the offsets. A crash anywhere before the commit re-delivers the batch; nothing
+    is committed that has not been delivered. Processors that keep state across
+    batches (windows) say which offsets they still need (``committable``) and the
+    commit never passes them.
+
+Exactly-once (``exactly_once: true`` in the topology)
+    the outputs and the consumed offsets go in one Kafka transaction
+    (``send_offsets_to_transaction``); readers use ``read_committed``.
+
+A record that cannot be processed is never dropped and never blocks its
+partition: the processor turns it into a dead letter (``dead_letter``) carrying
+the original bytes and the reason in its headers, delivered like any output.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from prometheus_client import Counter, Histogram
+
+from streams.errors import DeliveryError
+
+log = logging.getLogger("tangram.delivery")
+
+RECORDS_IN = Counter("tangram_processor_records_in_total", "Records consumed.", ["processor"])
+RECORDS_OUT = Counter("tangram_processor_records_out_total", "Records produced and acknowledged.", ["processor", "topic"])
+DEAD_LETTERS = Counter("tangram_processor_dead_letters_total", "Records sent to a DLQ.", ["processor", "reason"])
+BATCH_SECONDS = Histogram(
+    "tangram_processor_batch_duration_seconds",
+    "Consume-to-commit time of one micro-batch.",
+    ["processor"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
+#: Header names carried by every record (DESIGN.md, "Contracts and wire format").
+H_EVENT_ID = "event_id"
+H_TRACE_ID = "trace_id"
+H_INGEST_MS = "ingest_ms"  # when the originating event entered Tangram; carried unchanged to the action
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One consumed record, as processors see it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Mapping[str, bytes]
+    timestamp_ms: int
+
+    @classmethod
+    def from_message(cls, msg: Message) -> "Record":
+        return cls(
+            topic=msg.topic(),
+            partition=msg.partition(),
+            offset=msg.offset(),
+            key=msg.key(),
+            value=msg.value(),
+            headers=dict(msg.headers() or ()),
+            timestamp_ms=msg.timestamp()[1],
+        )
+
+    @property
+    def where(self) -> str:
+        """``topic[partition]@offset``, for log lines and DLQ headers."""
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+    def header(self, name: str, default: str = "") -> str:
+        value = self.headers.get(name)
+        return value.decode("utf-8", "replace") if value is not None else default
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """One record to produce. ``key`` is the entity (UTF-8) so partitioning is by entity."""
+
+    topic: str
+    key: str | bytes | None
+    value: bytes | None
+    headers: Mapping[str, str | bytes] = field(default_factory=dict)
+
+
+def carry_headers(record: Record, **extra: str) -> dict[str, str | bytes]:
+    """The tracing headers of ``record`` to put on an output derived from it."""
+    out: dict[str, str | bytes] = {
+        k: v for k, v in record.headers.items() if k in (H_EVENT_ID, H_TRACE_ID, H_INGEST_MS)
+    }
+    out.update(extra)
+    return out
+
+
+def dead_letter(record: Record, dlq_topic: str, stage: str, error: BaseException | str, reason: str | None = None) -> Output:
+    """The DLQ record for ``record``: original key and value untouched, the why in headers."""
+    error_class = type(error).__name__ if isinstance(error, BaseException) else "Rejected"
+    message = str(error)
+    headers: dict[str, str | bytes] = dict(record.headers)
+    headers.update(
+        {
+            "dlq.stage": stage,
+            "dlq.reason": reason or error_class,
+            "dlq.error_class": error_class,
+            "dlq.error_message": message[:1000],
+            "dlq.source_topic": record.topic,
+            "dlq.source_partition": str(record.partition),
+            "dlq.source_offset": str(record.offset),
+            "dlq.failed_ms": str(int(time.time() * 1000)),
+        }
+    )
+    return Output(dlq_topic, record.key, record.value, headers)
+
+
+class Processor(ABC):
+    """User logic of one stage. Implementations are plain classes; this loop owns Kafka."""
+
+    name: str = "processor"
+
+    def setup(self) -> None:
+        """Open connections (Triton, Redis). Called once before the first batch."""
+
+    @abstractmethod
+    def process(self, batch: list[Record]) -> list[Output]:
+        """Turn a micro-batch into outputs (dead letters included). Must not raise for bad records."""
+
+    def flush(self) -> None:
+        """Make side effects outside Kafka durable. Called after outputs are acknowledged, before the commit."""
+
+    def committable(self, partition: TopicPartition) -> int | None:
+        """The earliest offset of ``partition`` still needed by state kept across batches, if any."""
+        return None
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None:
+        """Drop state of partitions this instance no longer owns (their new owner rebuilds it)."""
+
+    def idle(self) -> list[Output]:
+        """Called when a poll returned nothing; may emit outputs (timers)."""
+        return []
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    bootstrap_servers: str
+    group_id: str
+    inputs: tuple[str, ...]
+    batch_size: int = 500
+    max_wait_ms: int = 100
+    exactly_once: bool = False
+    delivery_timeout_s: float = 30.0
+    client_id: str = ""
+
+
+class Runner:
+    """Runs one processor: the consume → process → deliver → flush → commit loop."""
+
+    def __init__(self, processor: Processor, config: RunnerConfig):
+        self.processor = processor
+        self.config = config
+        self.log = logging.getLogger(f"tangram.processor.{processor.name}")
+        self._stop = threading.Event()
+        client_id = config.client_id or f"{config.group_id}-{uuid.uuid4().hex[:8]}"
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": config.bootstrap_servers,
+                "group.id": config.group_id,
+                "client.id": client_id,
+                "enable.auto.commit": False,  # offsets are committed by this loop only, after delivery
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+                "partition.assignment.strategy": "cooperative-sticky",
+                "max.poll.interval.ms": 300_000,
+            }
+        )
+        producer_conf = {
+            "bootstrap.servers": config.bootstrap_servers,
+            "client.id": client_id,
+            "enable.idempotence": True,  # forces acks=all and ordered retries
+            "acks": "all",
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "delivery.timeout.ms": int(config.delivery_timeout_s * 1000),
+        }
+        if config.exactly_once:
+            producer_conf["transactional.id"] = f"{config.group_id}-{client_id}"
+        self.producer = Producer(producer_conf)
+        self._failures: list[str] = []
+        self._acked: dict[str, int] = {}
+
+    # -- lifecycle -----------------------------------------------------------------
+    def stop(self, *_: object) -> None:
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+
+    def run(self, max_batches: int | None = None) -> None:
+        cfg = self.config
+        self.processor.setup()
+        if cfg.exactly_once:
+            self.producer.init_transactions(cfg.delivery_timeout_s)
+        self.consumer.subscribe(list(cfg.inputs), on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self.log.info("%s consuming %s as group %s (%s)", self.processor.name, ",".join(cfg.inputs), cfg.group_id,
+                      "exactly-once" if cfg.exactly_once else "at-least-once")
+        batches = 0
+        try:
+            while not self._stop.is_set() and (max_batches is None or batches < max_batches):
+                messages = self.consumer.consume(cfg.batch_size, cfg.max_wait_ms / 1000)
+                records = [Record.from_message(m) for m in messages if self._usable(m)]
+                if not records:
+                    if outputs := self.processor.idle():
+                        self._deliver(outputs, offsets=[])
+                    continue
+                started = time.perf_counter()
+                RECORDS_IN.labels(self.processor.name).inc(len(records))
+                outputs = self.processor.process(records)
+                self._deliver(outputs, offsets=self._positions(records))
+                BATCH_SECONDS.labels(self.processor.name).observe(time.perf_counter() - started)
+                batches += 1
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        try:
+            self.processor.close()
+        finally:
+            self.producer.flush(self.config.delivery_timeout_s)
+            self.consumer.close()
+            self.log.info("%s stopped", self.processor.name)
+
+    # -- the guarantee ---------------------------------------------------------------
+    def _deliver(self, outputs: list[Output], offsets: list[TopicPartition]) -> None:
+        """Produce ``outputs``, wait for every ack, run side effects, then commit ``offsets``."""
+        transactional = self.config.exactly_once
+        if transactional:
+            self.producer.begin_transaction()
+        self._failures.clear()
+        for out in outputs:
+            self._produce(out)
+        remaining = self.producer.flush(self.config.delivery_timeout_s)
+        if remaining or self._failures:
+            if transactional:
+                self.producer.abort_transaction()
+            detail = "; ".join(self._failures[:3]) or f"{remaining} not acknowledged in {self.config.delivery_timeout_s}s"
+            raise DeliveryError(f"{self.processor.name}: outputs not delivered, offsets not committed: {detail}")
+        self.processor.flush()
+        if transactional:
+            if offsets:
+                self.producer.send_offsets_to_transaction(
+                    offsets, self.consumer.consumer_group_metadata(), self.config.delivery_timeout_s
+                )
+            self.producer.commit_transaction(self.config.delivery_timeout_s)
+        elif offsets:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        for out in outputs:
+            RECORDS_OUT.labels(self.processor.name, out.topic).inc()
+            if out.headers.get("dlq.reason"):
+                DEAD_LETTERS.labels(self.processor.name, str(out.headers["dlq.reason"])).inc()
+
+    def _produce(self, out: Output) -> None:
+        headers = [(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in out.headers.items()]
+        while True:
+            try:
+                self.producer.produce(out.topic, out.value, out.key, headers=headers, on_delivery=self._on_delivery)
+                return
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                self.producer.poll(0.1)
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self._failures.append(f"{msg.topic()}: {err.str()}")
+
+    def _positions(self, records: Iterable[Record]) -> list[TopicPartition]:
+        """Next offset to read per partition, held back to what stateful processors still need."""
+        last: dict[tuple[str, int], int] = {}
+        for r in records:
+            last[(r.topic, r.partition)] = max(last.get((r.topic, r.partition), -1), r.offset)
+        positions = []
+        for (topic, partition), offset in last.items():
+            tp = TopicPartition(topic, partition)
+            needed = self.processor.committable(tp)
+            positions.append(TopicPartition(topic, partition, offset + 1 if needed is None else min(needed, offset + 1)))
+        return positions
+
+    def _usable(self, msg: Message) -> bool:
+        err = msg.error()
+        if err is None:
+            return True
+        if err.code() == KafkaError._PARTITION_EOF:
+            return False
+        if err.fatal():
+            raise KafkaException(err)
+        self.log.warning("consumer error: %s", err.str())
+        return False
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.log.info("partitions revoked: %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))
+        self.processor.on_revoke(partitions)

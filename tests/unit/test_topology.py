@@ -1,0 +1,58 @@
+import pytest
+import yaml
+
+from streams.errors import TopologyError
+from streams.topology import Topology, load_topology
+
+REFERENCE = "topologies/predictive_maintenance.yaml"
+
+
+def test_reference_topology_round_trips_through_yaml():
+    topology = load_topology(REFERENCE)
+    again = Topology.model_validate(yaml.safe_load(topology.to_yaml()))
+    assert again == topology
+    assert again.to_yaml() == topology.to_yaml()
+
+
+def test_reference_topology_declares_the_walking_skeleton():
+    topology = load_topology(REFERENCE)
+    assert list(topology.processors) == ["ingest", "features", "inference", "rules"]
+    assert topology.processors["ingest"].dlq == "pm.dlq.ingest"
+    assert topology.partitions("pm.ingest.telemetry") == 3
+    assert topology.topics["pm.sim.labels"].configs()["cleanup.policy"] == "compact"
+    assert topology.group("rules") == "pm.rules"
+    assert set(topology.subjects()) >= {"pm.ingest.telemetry-value", "pm.predictions.anomaly-value"}
+
+
+def _write(tmp_path, doc):
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_undeclared_topic_is_named(tmp_path):
+    doc = {"app": "x", "topics": {"x.in": {"format": "json"}},
+           "processors": {"p": {"kind": "streams.ingest:IngestValidator", "inputs": ["x.in"], "outputs": ["x.missing"]}}}
+    with pytest.raises(TopologyError, match="x.missing"):
+        load_topology(_write(tmp_path, doc))
+
+
+def test_avro_topic_needs_an_existing_schema_file(tmp_path):
+    with pytest.raises(TopologyError, match="no schema file"):
+        load_topology(_write(tmp_path, {"app": "x", "topics": {"x.a": {"schema": "nope-value"}}}))
+    with pytest.raises(TopologyError, match="needs `schema"):
+        load_topology(_write(tmp_path, {"app": "x", "topics": {"x.a": {"format": "avro"}}}))
+
+
+def test_unknown_field_is_refused(tmp_path):
+    with pytest.raises(TopologyError, match="partitionz"):
+        load_topology(_write(tmp_path, {"app": "x", "topics": {"x.a": {"format": "json", "partitionz": 3}}}))
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(TopologyError, match="does not exist"):
+        load_topology(tmp_path / "none.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("app: [unclosed")
+    with pytest.raises(TopologyError, match="not valid YAML"):
+        load_topology(bad)
