@@ -1,0 +1,74 @@
+"""The real local stack for integration tests, beside a developer's.
+
+The session fixture ``stack`` starts Kafka, the schema registry, Redis and Triton from a
+temporary ``TANGRAM_HOME`` on shifted ports (kafka 19092, controller 19093, registry 18081,
+redis 16379, triton 18000/18001/18002), exports them as ``TANGRAM_*`` variables so that
+subprocesses started by tests find the same stack, yields the :class:`StackSettings` and
+stops everything at the end. If the stack cannot start the tests fail; they never skip.
+
+``TANGRAM_TEST_COMPONENTS=kafka,redis`` starts only those components (for working on the
+stack itself); the default is the whole stack.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streams.errors import StackError
+from streams.settings import StackSettings
+from streams.stack import NAMES, down, up
+
+TEST_PORTS: dict[str, int] = {
+    "kafka_port": 19092,
+    "kafka_controller_port": 19093,
+    "registry_port": 18081,
+    "redis_port": 16379,
+    "triton_http_port": 18000,
+    "triton_grpc_port": 18001,
+    "triton_metrics_port": 18002,
+}
+
+
+def stack_env(settings: StackSettings) -> dict[str, str]:
+    """The ``TANGRAM_*`` variables that point a subprocess at ``settings``'s stack."""
+    return {
+        "TANGRAM_HOME": str(settings.home),
+        "TANGRAM_HOST": settings.host,
+        **{f"TANGRAM_{field.upper()}": str(getattr(settings, field)) for field in TEST_PORTS},
+    }
+
+
+def stack_components() -> list[str]:
+    """The components the test stack runs: all, unless TANGRAM_TEST_COMPONENTS names some."""
+    wanted = os.environ.get("TANGRAM_TEST_COMPONENTS", "").strip()
+    return [n.strip() for n in wanted.split(",") if n.strip()] if wanted else list(NAMES)
+
+
+@pytest.fixture(scope="session")
+def components() -> list[str]:
+    """The names of the components that the test stacks run (see ``stack_components``)."""
+    return stack_components()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackSettings]:
+    """The running test stack (session-scoped); stopped when the session ends."""
+    home: Path = tmp_path_factory.mktemp("tangram-home")
+    settings = StackSettings(home=home, **TEST_PORTS)
+    components = stack_components()
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in stack_env(settings).items():
+            mp.setenv(key, value)
+        try:
+            up(settings, only=components)
+        except StackError as exc:
+            down(settings, only=components)
+            pytest.fail(f"the local test stack could not start: {exc}", pytrace=False)
+        try:
+            yield settings
+        finally:
+            down(settings, only=components)
