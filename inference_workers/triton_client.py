@@ -1,0 +1,254 @@
+"""The inference workers' side of Triton: one model behind an asyncio gRPC client, held to a contract.
+
+``TritonModel`` checks at ``setup()`` that the model Triton serves has the inputs and outputs the
+worker was written for (the seeds' "service connectivity" step), then runs micro-batches with a
+deadline on every call. Every failure is a :class:`streams.errors.InferenceError` whose message
+says what differed or what did not answer::
+
+    model = TritonModel("127.0.0.1:8001", "anomaly", contract=ANOMALY_CONTRACT)
+    await model.setup()                      # raises InferenceError on a contract mismatch
+    probabilities = await model.infer(batch)  # (n, 27) float32 -> (n, 3) float32
+    await model.close()
+
+It works unchanged against the local CPU Triton (``inference_workers.triton_server``) and NVIDIA's
+Triton image serving the same model repository.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any, Self
+
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.grpc import InferInput, InferRequestedOutput, model_config_pb2
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype, triton_to_np_dtype
+
+from streams.errors import InferenceError
+
+LOGGER = logging.getLogger("tangram.inference.triton")
+
+#: Default deadline of one inference call, in seconds.
+DEFAULT_TIMEOUT_S = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorContract:
+    """One tensor as the worker expects it: name, Triton datatype ("FP32", ...) and dims without the batch."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if triton_to_np_dtype(self.datatype) is None:
+            raise ValueError(f"tensor '{self.name}': unknown Triton datatype {self.datatype!r}")
+        object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return np.dtype(triton_to_np_dtype(self.datatype))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelContract:
+    """What a worker expects of a model: one input, one output, and the batching it relies on.
+
+    ``max_batch_size``, when set, must be what the model's config declares; when None it is only
+    required to be positive (a batching model), and the served value is used to split batches.
+    """
+
+    input: TensorContract
+    output: TensorContract
+    max_batch_size: int | None = None
+
+
+#: The contract of the predictive-maintenance anomaly model (inference_workers/model_repository/anomaly).
+ANOMALY_CONTRACT = ModelContract(
+    input=TensorContract("features", "FP32", (27,)),
+    output=TensorContract("probabilities", "FP32", (3,)),
+    max_batch_size=1024,
+)
+
+
+def _dims(values: Any) -> list[int]:
+    return [int(v) for v in values]
+
+
+class TritonModel:
+    """One model version served by Triton, called over gRPC (asyncio) with a deadline on every call."""
+
+    def __init__(
+        self,
+        url: str,
+        model_name: str,
+        model_version: str = "",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        contract: ModelContract = ANOMALY_CONTRACT,
+    ) -> None:
+        """``url`` is Triton's gRPC endpoint ``host:port``; ``model_version`` "" means the one Triton picks."""
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.url = url
+        self.model_name = model_name
+        self.model_version = model_version
+        self.timeout_s = timeout_s
+        self.contract = contract
+        self.max_batch_size: int | None = None
+        self._client: grpcclient.InferenceServerClient | None = None
+
+    @property
+    def _label(self) -> str:
+        version = f" version {self.model_version}" if self.model_version else ""
+        return f"model '{self.model_name}'{version} at {self.url}"
+
+    def _grpc(self) -> grpcclient.InferenceServerClient:
+        # Created lazily, inside the running event loop that will use it.
+        if self._client is None:
+            self._client = grpcclient.InferenceServerClient(self.url)
+        return self._client
+
+    def _error(self, action: str, exc: InferenceServerException) -> InferenceError:
+        status = exc.status() or ""
+        if "DEADLINE_EXCEEDED" in status:
+            return InferenceError(
+                f"{self._label}: {action} did not answer within {self.timeout_s:g} s (deadline exceeded)"
+            )
+        if "UNAVAILABLE" in status:
+            return InferenceError(
+                f"{self._label}: Triton is unavailable during {action} ({exc.message()}); "
+                "is the model server running (`tangram up`)?"
+            )
+        return InferenceError(f"{self._label}: {action} failed: {status} {exc.message()}".strip())
+
+    async def is_ready(self) -> bool:
+        """True when Triton answers and this model is ready; never raises."""
+        try:
+            client = self._grpc()
+            return bool(
+                await client.is_server_ready(client_timeout=self.timeout_s)
+                and await client.is_model_ready(self.model_name, self.model_version, client_timeout=self.timeout_s)
+            )
+        except (InferenceServerException, OSError):
+            return False
+
+    async def setup(self) -> None:
+        """Read the model's metadata and config and check them against the contract.
+
+        Raises InferenceError naming the first field that differs, e.g.
+        ``input 'features' dims [26] != declared [27]``, or saying why Triton did not answer.
+        """
+        client = self._grpc()
+        try:
+            metadata = await client.get_model_metadata(
+                self.model_name, self.model_version, client_timeout=self.timeout_s
+            )
+            config_response = await client.get_model_config(
+                self.model_name, self.model_version, client_timeout=self.timeout_s
+            )
+        except InferenceServerException as exc:
+            raise self._error("reading the model's metadata and config", exc) from None
+        config = config_response.config
+        self._check(metadata, config)
+        self.max_batch_size = int(config.max_batch_size)
+        LOGGER.info(
+            "%s matches its contract: %s %s%s -> %s %s%s, max_batch_size %d",
+            self._label,
+            self.contract.input.name,
+            self.contract.input.datatype,
+            list(self.contract.input.dims),
+            self.contract.output.name,
+            self.contract.output.datatype,
+            list(self.contract.output.dims),
+            self.max_batch_size,
+        )
+
+    def _check(self, metadata: Any, config: Any) -> None:
+        contract = self.contract
+        if contract.max_batch_size is not None and config.max_batch_size != contract.max_batch_size:
+            raise InferenceError(
+                f"{self._label}: max_batch_size {config.max_batch_size} != declared {contract.max_batch_size}"
+            )
+        if config.max_batch_size <= 0:
+            raise InferenceError(f"{self._label}: max_batch_size {config.max_batch_size}: the model does not batch")
+        for kind, expected, configured, served in (
+            ("input", contract.input, config.input, metadata.inputs),
+            ("output", contract.output, config.output, metadata.outputs),
+        ):
+            by_name = {t.name: t for t in configured}
+            tensor = by_name.get(expected.name)
+            if tensor is None:
+                raise InferenceError(f"{self._label}: has no {kind} '{expected.name}' (its {kind}s: {sorted(by_name)})")
+            datatype = model_config_pb2.DataType.Name(tensor.data_type).removeprefix("TYPE_")
+            if datatype != expected.datatype:
+                raise InferenceError(
+                    f"{self._label}: {kind} '{expected.name}' datatype {datatype} != declared {expected.datatype}"
+                )
+            if _dims(tensor.dims) != list(expected.dims):
+                raise InferenceError(
+                    f"{self._label}: {kind} '{expected.name}' dims {_dims(tensor.dims)} != declared {list(expected.dims)}"
+                )
+            # The metadata is what the inference endpoint enforces: [-1, *dims] for a batching model.
+            shapes = {t.name: _dims(t.shape) for t in served}
+            if shapes.get(expected.name) != [-1, *expected.dims]:
+                raise InferenceError(
+                    f"{self._label}: {kind} '{expected.name}' served shape {shapes.get(expected.name)} "
+                    f"!= declared {[-1, *expected.dims]}"
+                )
+
+    async def infer(self, batch: np.ndarray) -> np.ndarray:
+        """Run one batch (rows × input dims) and return the output (rows × output dims).
+
+        A batch larger than the model's max_batch_size is split and its parts sent concurrently.
+        Each call has a deadline of ``timeout_s``; a timeout, an unavailable server or a refused
+        request raises InferenceError.
+        """
+        expected = self.contract.input
+        if batch.ndim != 1 + len(expected.dims) or tuple(batch.shape[1:]) != expected.dims:
+            raise InferenceError(
+                f"{self._label}: batch shape {list(batch.shape)} does not fit input '{expected.name}' dims {list(expected.dims)}"
+            )
+        if batch.shape[0] == 0:
+            return np.empty((0, *self.contract.output.dims), dtype=self.contract.output.numpy_dtype)
+        batch = np.ascontiguousarray(batch, dtype=expected.numpy_dtype)
+        limit = self.max_batch_size or batch.shape[0]
+        if batch.shape[0] <= limit:
+            return await self._infer_one(batch)
+        parts = [batch[i : i + limit] for i in range(0, batch.shape[0], limit)]
+        return np.concatenate(await asyncio.gather(*(self._infer_one(part) for part in parts)))
+
+    async def _infer_one(self, batch: np.ndarray) -> np.ndarray:
+        tensor = InferInput(self.contract.input.name, list(batch.shape), np_to_triton_dtype(batch.dtype))
+        tensor.set_data_from_numpy(batch)
+        try:
+            result = await self._grpc().infer(
+                self.model_name,
+                [tensor],
+                model_version=self.model_version,
+                outputs=[InferRequestedOutput(self.contract.output.name)],
+                client_timeout=self.timeout_s,
+            )
+        except InferenceServerException as exc:
+            raise self._error(f"inference of {batch.shape[0]} rows", exc) from None
+        output = result.as_numpy(self.contract.output.name)
+        if output is None or output.shape != (batch.shape[0], *self.contract.output.dims):
+            raise InferenceError(
+                f"{self._label}: output '{self.contract.output.name}' shape "
+                f"{None if output is None else list(output.shape)} != expected {[batch.shape[0], *self.contract.output.dims]}"
+            )
+        return output
+
+    async def close(self) -> None:
+        """Close the gRPC channel; the object can be set up again afterwards."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+    async def __aenter__(self) -> Self:
+        await self.setup()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
