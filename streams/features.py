@@ -84,7 +84,7 @@ class WindowFeaturesSettings(BaseModel):
     allowed_lateness_ms: int = Field(1000, ge=0, description="How long after its end a window waits for stragglers.")
     sample_hz: float = Field(10.0, gt=0, description="Nominal reading rate, for the spectral features.")
     online_store_ttl_s: int = Field(3600, ge=1, description="TTL of a device's features in Redis.")
-    key_prefix: str = Field("tangram:pm:device_window", description="Redis key prefix of the online store.")
+    key_prefix: str | None = Field(None, description="Redis key prefix of the online store; default `tangram:<app>:<processor>`.")
 
 
 @dataclass
@@ -95,6 +95,11 @@ class _Window:
     ts: list[int] = field(default_factory=list)
     rows: list[list[float]] = field(default_factory=list)
     last: Record | None = None
+
+
+def online_prefix(app: str, processor: str) -> str:
+    """Where a feature processor keeps its online features in Redis."""
+    return f"tangram:{app}:{processor}"
 
 
 def online_key(prefix: str, device_id: str) -> str:
@@ -124,7 +129,8 @@ class WindowFeatures(Processor):
         (source,), (output,) = ctx.spec.inputs, ctx.spec.outputs
         return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(output), output_topic=output,
                    dlq_topic=ctx.dlq, redis_url=ctx.stack.redis_url,
-                   settings=WindowFeaturesSettings.model_validate(ctx.spec.params))
+                   settings=WindowFeaturesSettings.model_validate(
+                       {"key_prefix": online_prefix(ctx.topology.app, ctx.name), **ctx.spec.params}))
 
     def setup(self) -> None:
         self.redis.ping()
@@ -222,7 +228,7 @@ class WindowFeatures(Processor):
         self.redis.close()
 
 
-def read_online_features(client: redis.Redis, device_ids: list[str], prefix: str = "tangram:pm:device_window") -> list[dict[str, float]]:
+def read_online_features(client: redis.Redis, device_ids: list[str], prefix: str) -> list[dict[str, float]]:
     """The latest window features of each device from the online store ({} when unknown)."""
     pipe = client.pipeline(transaction=False)
     for device in device_ids:

@@ -25,7 +25,7 @@ from streams.avro import AvroCodec, WireFormatError
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, Output, Processor, Record, carry_headers, dead_letter
 from streams.errors import TopologyError
-from streams.features import read_online_features
+from streams.features import online_prefix, read_online_features
 
 log = logging.getLogger("tangram.rules")
 
@@ -52,7 +52,7 @@ class RulesSettings(BaseModel):
 
     rules: tuple[RuleSpec, ...] = Field(min_length=1)
     cooldown_ms: int = Field(30_000, ge=0, description="Per device and action type, in event time.")
-    features_prefix: str = Field("tangram:pm:device_window", description="Online store key prefix.")
+    features_from: str = Field("features", description="The feature processor whose online features rules may read.")
     degradation_level: str = Field("L0", pattern=r"^L[0-3]$")
 
     @field_validator("rules")
@@ -95,7 +95,7 @@ class RuleProcessor(Processor):
     name = "rules"
 
     def __init__(self, *, input_codec: AvroCodec, output_codecs: dict[str, AvroCodec], dlq_topic: str,
-                 redis_url: str, settings: RulesSettings):
+                 redis_url: str, settings: RulesSettings, app: str):
         self.input_codec = input_codec
         self.output_codecs = output_codecs
         self.dlq_topic = dlq_topic
@@ -105,6 +105,7 @@ class RuleProcessor(Processor):
             if rule.spec.topic not in output_codecs:
                 raise TopologyError(f"rule {rule.spec.name!r} emits to {rule.spec.topic!r}, not an output of the processor")
         self.redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+        self.features_prefix = online_prefix(app, settings.features_from)
         self._last_fired: dict[tuple[str, str], int] = {}  # (device, action) → window_end of the last firing
 
     @classmethod
@@ -112,7 +113,7 @@ class RuleProcessor(Processor):
         (source,) = ctx.spec.inputs
         return cls(input_codec=ctx.codec(source), output_codecs={t: ctx.codec(t) for t in ctx.spec.outputs},
                    dlq_topic=ctx.dlq, redis_url=ctx.stack.redis_url,
-                   settings=RulesSettings.model_validate(ctx.spec.params))
+                   settings=RulesSettings.model_validate(ctx.spec.params), app=ctx.topology.app)
 
     def setup(self) -> None:
         self.redis.ping()
@@ -127,7 +128,7 @@ class RuleProcessor(Processor):
                 outputs.append(dead_letter(record, self.dlq_topic, self.name, exc, "undecodable"))
         if not decoded:
             return outputs
-        features = read_online_features(self.redis, [p["device_id"] for _, p in decoded], self.settings.features_prefix)
+        features = read_online_features(self.redis, [p["device_id"] for _, p in decoded], self.features_prefix)
         for (record, prediction), online in zip(decoded, features):
             context = {**online, **prediction}
             for rule in self.rules:

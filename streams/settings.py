@@ -23,6 +23,10 @@ class StackSettings(BaseSettings):
 
     home: Path = Field(PROJECT_ROOT / ".tangram", description="State, logs and pid files of the stack.")
     host: str = Field("127.0.0.1", description="Every component listens on this address only.")
+    kafka_host: str | None = Field(None, description="Where clients reach Kafka, if not `host` (e.g. `kafka` in docker-compose).")
+    registry_host: str | None = Field(None, description="Where clients reach the schema registry, if not `host`.")
+    redis_host: str | None = Field(None, description="Where clients reach Redis, if not `host`.")
+    triton_host: str | None = Field(None, description="Where clients reach Triton, if not `host`.")
     kafka_port: int = Field(9092, description="Kafka broker listener.")
     kafka_controller_port: int = Field(9093, description="KRaft controller listener.")
     registry_port: int = Field(8081, description="Schema registry REST API.")
@@ -43,23 +47,23 @@ class StackSettings(BaseSettings):
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"{self.host}:{self.kafka_port}"
+        return f"{self.kafka_host or self.host}:{self.kafka_port}"
 
     @property
     def registry_url(self) -> str:
-        return f"http://{self.host}:{self.registry_port}"
+        return f"http://{self.registry_host or self.host}:{self.registry_port}"
 
     @property
     def redis_url(self) -> str:
-        return f"redis://{self.host}:{self.redis_port}/0"
+        return f"redis://{self.redis_host or self.host}:{self.redis_port}/0"
 
     @property
     def triton_grpc_url(self) -> str:
-        return f"{self.host}:{self.triton_grpc_port}"
+        return f"{self.triton_host or self.host}:{self.triton_grpc_port}"
 
     @property
     def triton_http_url(self) -> str:
-        return f"{self.host}:{self.triton_http_port}"
+        return f"{self.triton_host or self.host}:{self.triton_http_port}"
 
     @property
     def logs_dir(self) -> Path:

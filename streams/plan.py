@@ -1,0 +1,114 @@
+"""``tangram plan`` / ``tangram apply``: make the broker and the registry match a topology.
+
+Idempotent: applying twice changes nothing the second time. Partitions can only
+grow (Kafka cannot shrink a topic); asking for fewer is an error, not a silent note.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+from streams.errors import TopologyError
+from streams.settings import StackSettings
+from streams.topology import Topology
+
+TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str  # create-topic | add-partitions | alter-config | register-schema
+    target: str
+    detail: str
+
+
+def _admin(stack: StackSettings) -> AdminClient:
+    return AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+
+
+def plan(topology: Topology, stack: StackSettings) -> list[Change]:
+    """What `apply` would change, computed against the running broker and registry."""
+    admin = _admin(stack)
+    try:
+        existing = admin.list_topics(timeout=TIMEOUT_S).topics
+    except KafkaException as exc:
+        raise TopologyError(f"cannot reach Kafka at {stack.bootstrap_servers}: {exc}; is the stack up (`tangram up`)?") from exc
+    changes: list[Change] = []
+    to_describe = []
+    for name, spec in topology.topics.items():
+        want = topology.partitions(name)
+        if name not in existing:
+            configs = " ".join(f"{k}={v}" for k, v in spec.configs().items())
+            changes.append(Change("create-topic", name, f"{want} partitions, rf {topology.replication(name)}, {configs}"))
+            continue
+        have = len(existing[name].partitions)
+        if have > want:
+            raise TopologyError(f"topic {name!r} has {have} partitions; the topology asks {want}, and Kafka cannot shrink a topic")
+        if have < want:
+            changes.append(Change("add-partitions", name, f"{have} → {want}"))
+        to_describe.append(name)
+    if to_describe:
+        futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, n) for n in to_describe])
+        for resource, future in futures.items():
+            current = future.result(timeout=TIMEOUT_S)
+            wanted = topology.topics[resource.name].configs()
+            diff = {k: v for k, v in wanted.items() if current[k].value != v}
+            if diff:
+                changes.append(Change("alter-config", resource.name, ", ".join(f"{k}={current[k].value}→{v}" for k, v in diff.items())))
+    registry = SchemaRegistryClient({"url": stack.registry_url, "timeout": TIMEOUT_S})
+    for subject, text in topology.subjects().items():
+        try:
+            registry.lookup_schema(subject, Schema(text, "AVRO"))
+        except SchemaRegistryError as exc:
+            if exc.http_status_code != 404:
+                raise TopologyError(f"registry at {stack.registry_url} failed looking up {subject}: {exc}") from exc
+            changes.append(Change("register-schema", subject, f"schemas/avro/{subject}.avsc"))
+        except Exception as exc:  # connection refused and friends
+            raise TopologyError(f"cannot reach the schema registry at {stack.registry_url}: {exc}") from exc
+    return changes
+
+
+def apply(topology: Topology, stack: StackSettings) -> list[Change]:
+    """Make the changes `plan` lists; returns them."""
+    changes = plan(topology, stack)
+    admin = _admin(stack)
+    creates = [
+        NewTopic(c.target, num_partitions=topology.partitions(c.target), replication_factor=topology.replication(c.target),
+                 config=topology.topics[c.target].configs())
+        for c in changes if c.kind == "create-topic"
+    ]
+    if creates:
+        for name, future in admin.create_topics(creates, operation_timeout=TIMEOUT_S).items():
+            _wait(future, f"create topic {name}")
+    grows = [NewPartitions(c.target, topology.partitions(c.target)) for c in changes if c.kind == "add-partitions"]
+    if grows:
+        for name, future in admin.create_partitions(grows).items():
+            _wait(future, f"add partitions to {name}")
+    for c in changes:
+        if c.kind == "alter-config":
+            resource = ConfigResource(ConfigResource.Type.TOPIC, c.target, set_config=topology.topics[c.target].configs())
+            for _, future in admin.alter_configs([resource]).items():
+                _wait(future, f"alter configs of {c.target}")
+    registry = SchemaRegistryClient({"url": stack.registry_url, "timeout": TIMEOUT_S})
+    for c in changes:
+        if c.kind == "register-schema":
+            text = topology.subjects()[c.target]
+            json.loads(text)
+            try:
+                registry.register_schema(c.target, Schema(text, "AVRO"))
+            except SchemaRegistryError as exc:
+                raise TopologyError(f"registry refused {c.target}: {exc}") from exc
+    return changes
+
+
+def _wait(future, what: str) -> None:
+    try:
+        future.result(timeout=TIMEOUT_S)
+    except KafkaException as exc:
+        raise TopologyError(f"{what} failed: {exc}") from exc
