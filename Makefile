@@ -8,10 +8,10 @@ PYTHON       ?= $(shell command -v python3.11 || command -v python3)
 VENV         := .venv
 TRITON_VENV  := .venv-triton
 BIN          := $(VENV)/bin
-UV           := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
+UV           := $(PYTHON) -m uv
 DURATION     ?= 60
 
-.PHONY: setup demo test unit integration up down status clean system-deps jars model
+.PHONY: setup demo test unit integration up down status clean system-deps jars model uv
 
 setup: system-deps $(VENV)/.installed $(TRITON_VENV)/.installed jars model
 
@@ -23,17 +23,18 @@ system-deps:
 	  echo "installing redis-server from Debian's packages"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
-$(UV):
-	$(PYTHON) -m pip install -q uv
+# uv creates the virtual environments (fast, cached); installed into the base interpreter if missing.
+uv:
+	@$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install -q uv
 
 # 1. The application environment (streams, inference workers, CLI).
-$(VENV)/.installed: pyproject.toml | $(UV)
+$(VENV)/.installed: pyproject.toml | uv
 	$(UV) venv -q --allow-existing -p $(PYTHON) $(VENV)
 	$(UV) pip install -q -p $(BIN)/python -e '.[dev]'
 	@touch $@
 
 # 2. The model-server environment: Triton as PyTriton ships it (numpy<2, so apart).
-$(TRITON_VENV)/.installed: inference_workers/requirements-triton.txt | $(UV)
+$(TRITON_VENV)/.installed: inference_workers/requirements-triton.txt | uv
 	$(UV) venv -q --allow-existing -p $(PYTHON) $(TRITON_VENV)
 	$(UV) pip install -q -p $(TRITON_VENV)/bin/python -r inference_workers/requirements-triton.txt
 	@touch $@

@@ -180,7 +180,8 @@ def score(fleet: Fleet, start_ms: int, actions: list[dict], dlq: list[dict]) -> 
     """Detected / missed per injected fault, and the false alarms, against the simulator's ground truth."""
     by_device: dict[str, list[dict]] = defaultdict(list)
     for a in actions:
-        by_device[a["device_id"]].append(a)
+        if a["window_end"] > start_ms:  # windows left open by an earlier run close now; they are not this run's
+            by_device[a["device_id"]].append(a)
     dlq_by_device: dict[str, Counter] = defaultdict(Counter)
     for d in dlq:
         key = d["key"].decode("utf-8", "replace") if d["key"] else ""
@@ -206,7 +207,7 @@ def score(fleet: Fleet, start_ms: int, actions: list[dict], dlq: list[dict]) -> 
             entry["detected" if detected else "missed"] += 1
             if hit is not None:
                 entry["delays_s"].append((hit["window_end"] - onset_ms) / 1000)
-    detections = {d: sorted({a["action_type"] for a in acts}) for d, acts in by_device.items()}
+    detections = {d: sorted({a["action_type"] for a in acts}) for d, acts in by_device.items() if acts}
     return faults, false_alarms, detections
 
 
@@ -303,7 +304,10 @@ def print_summary(summary: Summary, console: Console) -> None:
         faults.add_row(fault, str(e["devices"]), str(e["detected"]), str(e["missed"]), delay)
     console.print(faults)
     healthy = summary.faults.get("none", {}).get("devices", 0)
-    console.print(f"false alarms: {len(summary.false_alarms)} (actions on {healthy} healthy devices or not matching a fault)")
+    console.print(f"false alarms: {len(summary.false_alarms)} (actions on the {healthy} healthy devices, or not matching "
+                  "a device's fault, or before its onset)")
+    for a in summary.false_alarms:
+        console.print(f"  {a['action_type']} {a['device_id']} rule={a['rule']} window_end={a['window_end']}")
     console.print(f"event-to-action latency: p50 {summary.latency_ms(50):.0f} ms, p99 {summary.latency_ms(99):.0f} ms "
                   f"over {len(summary.latencies_ms)} actions (reading produced → action produced)")
 

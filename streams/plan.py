@@ -7,6 +7,7 @@ grow (Kafka cannot shrink a topic); asking for fewer is an error, not a silent n
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
@@ -86,6 +87,7 @@ def apply(topology: Topology, stack: StackSettings) -> list[Change]:
     if creates:
         for name, future in admin.create_topics(creates, operation_timeout=TIMEOUT_S).items():
             _wait(future, f"create topic {name}")
+    _wait_for_leaders(admin, [c.target for c in changes if c.kind in ("create-topic", "add-partitions")])
     grows = [NewPartitions(c.target, topology.partitions(c.target)) for c in changes if c.kind == "add-partitions"]
     if grows:
         for name, future in admin.create_partitions(grows).items():
@@ -105,6 +107,21 @@ def apply(topology: Topology, stack: StackSettings) -> list[Change]:
             except SchemaRegistryError as exc:
                 raise TopologyError(f"registry refused {c.target}: {exc}") from exc
     return changes
+
+
+def _wait_for_leaders(admin: AdminClient, topics: list[str]) -> None:
+    """Return once every partition of ``topics`` has a leader, so clients can use them at once."""
+    deadline = time.monotonic() + TIMEOUT_S
+    pending = set(topics)
+    while pending and time.monotonic() < deadline:
+        metadata = admin.list_topics(timeout=TIMEOUT_S).topics
+        pending = {t for t in pending
+                   if t not in metadata or metadata[t].error is not None
+                   or any(p.leader < 0 for p in metadata[t].partitions.values())}
+        if pending:
+            time.sleep(0.1)
+    if pending:
+        raise TopologyError(f"topics without a leader after {TIMEOUT_S:.0f}s: {', '.join(sorted(pending))}")
 
 
 def _wait(future, what: str) -> None:
