@@ -22,14 +22,20 @@ from streams.errors import StackError
 from streams.settings import StackSettings
 from streams.stack import NAMES, down, up
 
+#: TANGRAM_TEST_PORT_OFFSET shifts every test port, so that two test sessions (two checkouts,
+#: two developers on one machine) can run at once.
+_OFFSET = int(os.environ.get("TANGRAM_TEST_PORT_OFFSET", "0"))
 TEST_PORTS: dict[str, int] = {
-    "kafka_port": 19092,
-    "kafka_controller_port": 19093,
-    "registry_port": 18081,
-    "redis_port": 16379,
-    "triton_http_port": 18000,
-    "triton_grpc_port": 18001,
-    "triton_metrics_port": 18002,
+    name: port + _OFFSET
+    for name, port in {
+        "kafka_port": 19092,
+        "kafka_controller_port": 19093,
+        "registry_port": 18081,
+        "redis_port": 16379,
+        "triton_http_port": 18000,
+        "triton_grpc_port": 18001,
+        "triton_metrics_port": 18002,
+    }.items()
 }
 
 

@@ -34,7 +34,7 @@ from streams import PROJECT_ROOT
 
 pytestmark = pytest.mark.integration
 
-PORT = 28081
+PORT = 28081 + int(os.environ.get("TANGRAM_TEST_PORT_OFFSET", "0"))
 URL = f"http://127.0.0.1:{PORT}"
 
 

@@ -32,7 +32,8 @@ from streams.settings import StackSettings
 pytestmark = pytest.mark.integration
 
 HOST = "127.0.0.1"
-HTTP_PORT, GRPC_PORT, METRICS_PORT = 28000, 28001, 28002
+_OFFSET = int(os.environ.get("TANGRAM_TEST_PORT_OFFSET", "0"))
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 28000 + _OFFSET, 28001 + _OFFSET, 28002 + _OFFSET
 GRPC_URL = f"{HOST}:{GRPC_PORT}"
 READY_URL = f"http://{HOST}:{HTTP_PORT}/v2/health/ready"
 START_TIMEOUT_S = 120.0
