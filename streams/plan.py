@@ -15,6 +15,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, Ne
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from streams.constraints import violations
 from streams.errors import TopologyError
 from streams.settings import StackSettings
 from streams.topology import Topology
@@ -34,7 +35,13 @@ def _admin(stack: StackSettings) -> AdminClient:
 
 
 def plan(topology: Topology, stack: StackSettings) -> list[Change]:
-    """What `apply` would change, computed against the running broker and registry."""
+    """What `apply` would change, computed against the running broker and registry.
+
+    Refuses first, with every breach listed, a topology whose constraints the runtime cannot honour.
+    """
+    breaches = violations(topology, stack.model_repository)
+    if breaches:
+        raise TopologyError("the topology declares what the runtime cannot honour:\n  - " + "\n  - ".join(breaches))
     admin = _admin(stack)
     try:
         existing = admin.list_topics(timeout=TIMEOUT_S).topics

@@ -32,6 +32,23 @@ class Defaults(_Model):
     replication_factor: int = Field(1, ge=1)
 
 
+class DataConstraints(_Model):
+    """The seeds' data constraints of a topic: how records arrive and what happens at the peak."""
+
+    protocol: Literal["kafka", "http", "mqtt"] = Field("kafka", description="How producers reach this topic.")
+    baseline_rate: float | None = Field(None, gt=0, description="Expected events/s in normal operation.")
+    peak_rate: float | None = Field(None, gt=0, description="Events/s at the declared peak.")
+    peak_duration_s: float | None = Field(None, gt=0, description="How long the peak lasts.")
+    drop_policy: Literal["never", "dlq"] = Field(
+        "never", description="`never`: backpressure, nothing dropped; `dlq`: excess goes to the dead-letter topic.")
+
+    @model_validator(mode="after")
+    def _peak_above_baseline(self) -> "DataConstraints":
+        if self.baseline_rate and self.peak_rate and self.peak_rate < self.baseline_rate:
+            raise ValueError(f"peak_rate {self.peak_rate} is below baseline_rate {self.baseline_rate}")
+        return self
+
+
 class TopicSpec(_Model):
     """One Kafka topic. ``schema`` names an Avro subject with a file in ``schemas/avro/``."""
 
@@ -42,6 +59,7 @@ class TopicSpec(_Model):
     format: Literal["avro", "json", "bytes"] = "avro"
     schema_: str | None = Field(None, alias="schema", description="Avro subject of the value.")
     description: str = ""
+    data: DataConstraints | None = Field(None, description="Rates and drop policy (data constraints).")
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -61,6 +79,39 @@ class TopicSpec(_Model):
         return out
 
 
+class CircuitBreaker(_Model):
+    failures: int = Field(5, ge=1, description="Consecutive failures that open the breaker.")
+    reset_s: float = Field(30.0, gt=0, description="How long it stays open before one trial call.")
+
+
+class ExternalCall(_Model):
+    """A call a processor makes outside Kafka, with its deadline and what happens when it fails."""
+
+    service: Literal["triton", "redis", "registry", "http"]
+    timeout_ms: int = Field(ge=1, le=300_000, description="Deadline of one call.")
+    retries: int = Field(0, ge=0, le=100, description="Retries after the first try.")
+    fallback: str | None = Field(None, description="What the processor does instead (e.g. `rules-only`), or none.")
+    circuit_breaker: CircuitBreaker | None = None
+
+
+class ComputeConstraints(_Model):
+    device: Literal["cpu", "gpu", "any"] = Field("any", description="Where the work runs.")
+    target_utilization: float = Field(0.7, gt=0, le=1, description="Planned busy share at the baseline rate.")
+    max_rate_per_replica: float | None = Field(None, gt=0, description="Measured records/s one replica sustains.")
+
+
+class StateConstraints(_Model):
+    models_per_server: int | None = Field(None, ge=1, description="Model versions loaded side by side.")
+    hot_reload: bool = Field(False, description="Config and models change without a restart.")
+    ttl_s: int | None = Field(None, ge=1, description="Lifetime of state kept outside Kafka (online store).")
+
+
+class EvolutionConstraints(_Model):
+    routing: Literal["single", "canary", "shadow"] = "single"
+    canary_share: float = Field(0.0, ge=0, le=1, description="Share of keys scored by the challenger.")
+    rollback_rto_s: float | None = Field(None, gt=0, description="Promised time to serve the previous version again.")
+
+
 class ProcessorSpec(_Model):
     """One stream processor: a class (``module:Class``) consuming ``inputs``, producing ``outputs``."""
 
@@ -73,6 +124,11 @@ class ProcessorSpec(_Model):
     max_wait_ms: int = Field(100, ge=1, le=60_000, description="Longest wait to fill a micro-batch.")
     exactly_once: bool = Field(False, description="Kafka transactions instead of at-least-once.")
     params: dict[str, Any] = Field(default_factory=dict, description="Validated by the processor's own settings model.")
+    replicas: int = Field(1, ge=1, description="Consumer-group members to run (docker compose --scale).")
+    compute: ComputeConstraints = ComputeConstraints()
+    state: StateConstraints = StateConstraints()
+    calls: list[ExternalCall] = Field(default_factory=list, description="Every call outside Kafka, with its deadline.")
+    evolution: EvolutionConstraints = EvolutionConstraints()
 
     def load_class(self) -> type:
         module_name, _, attr = self.kind.partition(":")
@@ -82,12 +138,34 @@ class ProcessorSpec(_Model):
             raise TopologyError(f"processor kind {self.kind!r} cannot be imported: {exc}") from exc
 
 
+class Sla(_Model):
+    """The end-to-end promise: from a record entering ``source`` to its consequence on ``sink``."""
+
+    source: str
+    sink: str
+    p99_ms: float = Field(gt=0, description="99th percentile of source-to-sink latency.")
+
+
+class GatewaySpec(_Model):
+    """A stream producers reach over HTTP (``POST /v1/streams/<name>/events``) or MQTT.
+
+    It shares the contract of an ingest processor: that processor's ``params`` (ranges, limits,
+    timestamps), its output topic (Avro) and its DLQ; ``params`` here override some for the gateway.
+    """
+
+    processor: str = Field(description="The ingest processor whose rules, output topic and DLQ this stream shares.")
+    mqtt_topics: list[str] = Field(default_factory=list, description="MQTT topic filters the MQTT adapter subscribes to.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Overrides of the processor's params (e.g. `rate_limits`).")
+
+
 class Topology(_Model):
     app: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     description: str = ""
     defaults: Defaults = Defaults()
+    sla: Sla | None = None
     topics: dict[str, TopicSpec]
     processors: dict[str, ProcessorSpec] = Field(default_factory=dict)
+    gateways: dict[str, GatewaySpec] = Field(default_factory=dict, description="Stream name → HTTP/MQTT ingest stream.")
 
     @model_validator(mode="after")
     def _references_resolve(self) -> "Topology":
@@ -95,6 +173,16 @@ class Topology(_Model):
             for topic in [*proc.inputs, *proc.outputs, *([proc.dlq] if proc.dlq else [])]:
                 if topic not in self.topics:
                     raise ValueError(f"processor {name!r} uses topic {topic!r}, which is not declared under `topics`")
+        if self.sla:
+            for end in (self.sla.source, self.sla.sink):
+                if end not in self.topics:
+                    raise ValueError(f"sla names topic {end!r}, which is not declared under `topics`")
+        for stream, gateway in self.gateways.items():
+            proc = self.processors.get(gateway.processor)
+            if proc is None:
+                raise ValueError(f"gateway {stream!r} names processor {gateway.processor!r}, which is not declared")
+            if len(proc.outputs) != 1 or not proc.dlq or not self.topics[proc.outputs[0]].schema_:
+                raise ValueError(f"gateway {stream!r}: processor {gateway.processor!r} needs one Avro output and a `dlq:`")
         for topic, spec in self.topics.items():
             if spec.schema_ and not (SCHEMA_DIR / f"{spec.schema_}.avsc").is_file():
                 raise ValueError(f"topic {topic!r}: no schema file schemas/avro/{spec.schema_}.avsc")
