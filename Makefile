@@ -22,6 +22,12 @@ system-deps:
 	@command -v redis-server >/dev/null || { \
 	  echo "installing redis-server from Debian's packages"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || { \
+	  echo "installing mosquitto (MQTT broker for the ingest gateway tests) from Debian's packages"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto >/dev/null; }
+	@command -v dot >/dev/null || { \
+	  echo "installing graphviz (tangram diagram) from Debian's packages"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null; }
 
 # uv creates the virtual environments (fast, cached); installed into the base interpreter if missing.
 uv:

@@ -155,3 +155,21 @@ def entry() -> None:
     except TangramError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
         raise SystemExit(2) from None
+
+
+@app.command()
+def diagram(
+    topology: Path = typer.Argument(..., help="Topology YAML file."),
+    out: Optional[Path] = typer.Option(None, help="Output path without suffix; default docs/images/<file stem>."),
+    formats: str = typer.Option("svg,png,mmd", help="Comma-separated: svg, png, mmd (Mermaid), dot."),
+) -> None:
+    """Draw the topology with its constraints (SVG/PNG via Graphviz, Mermaid text)."""
+    from rich.console import Console
+
+    from streams import PROJECT_ROOT
+    from streams.diagram import render
+    from streams.topology import load_topology
+
+    base = out or PROJECT_ROOT / "docs" / "images" / topology.stem
+    for path in render(load_topology(topology), base, tuple(f.strip() for f in formats.split(",") if f.strip())):
+        Console().print(f"wrote {path}")
