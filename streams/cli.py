@@ -1,4 +1,4 @@
-"""The one CLI: `tangram up | down | status | plan | apply | run | demo | model | stack`."""
+"""The one CLI: `tangram up | down | status | plan | apply | run | demo | model | models | config | stack`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from streams.config_center.cli import config_app
+from streams.lifecycle.cli import models_app
 from streams.settings import StackSettings
 
 app = typer.Typer(help="Tangram: Kafka-native streaming dataflow for production AI.", no_args_is_help=True)
@@ -15,6 +17,8 @@ stack_app = typer.Typer(help="Local stack chores.", no_args_is_help=True)
 model_app = typer.Typer(help="The reference model.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
 app.add_typer(model_app, name="model")
+app.add_typer(models_app, name="models")
+app.add_typer(config_app, name="config")
 
 
 def _settings() -> StackSettings:
@@ -173,3 +177,16 @@ def diagram(
     base = out or PROJECT_ROOT / "docs" / "images" / topology.stem
     for path in render(load_topology(topology), base, tuple(f.strip() for f in formats.split(",") if f.strip())):
         Console().print(f"wrote {path}")
+
+
+@app.command()
+def verify(
+    topology: Path = typer.Argument(..., help="Topology YAML file."),
+    load_seconds: float = typer.Option(20.0, help="Duration of step 4's load at the declared baseline rate."),
+    kill: str = typer.Option("inference", help="The processor step 4 kills with SIGKILL and restarts."),
+) -> None:
+    """Run the four-step verification (protocol, connectivity, chain, load+chaos); non-zero exit on a violation."""
+    from streams.verify import verify as run_verify
+
+    checks = run_verify(topology, _settings(), load_seconds, kill)
+    raise typer.Exit(0 if all(c.ok for c in checks) else 1)

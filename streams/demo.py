@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -22,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.table import Table
 
 from streams import PROJECT_ROOT
 from streams.avro import codec
 from streams.errors import StackError
+from streams.launcher import Processors, high_watermarks, wait_quiet
 from streams.plan import apply
 from streams.settings import StackSettings
 from streams.simulator import Fleet
@@ -109,73 +106,6 @@ class Watcher(threading.Thread):
         self.consumer.close()
 
 
-def _offsets(consumer: Consumer, topics: list[str], topology: Topology) -> dict[TopicPartition, int]:
-    out = {}
-    for topic in topics:
-        for p in range(topology.partitions(topic)):
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            out[TopicPartition(topic, p)] = high
-    return out
-
-
-def _spawn(topology_path: Path, name: str, stack: StackSettings) -> subprocess.Popen:
-    log = (stack.logs_dir / f"processor-{name}.log").open("ab")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.update({f"TANGRAM_{k.upper()}": str(v) for k, v in stack.model_dump().items() if v is not None})
-    return subprocess.Popen([sys.executable, "-m", "streams", "run", str(topology_path), name],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=PROJECT_ROOT, start_new_session=True)
-
-
-def _wait_groups(admin: AdminClient, groups: list[str], procs: dict[str, subprocess.Popen], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for name, proc in procs.items():
-            if proc.poll() is not None:
-                raise StackError(f"processor {name} exited with {proc.returncode} while starting; see its log")
-        described = admin.describe_consumer_groups(groups)
-        ready = 0
-        for future in described.values():
-            try:
-                g = future.result(timeout=5)
-                ready += bool(g.members) and all(m.assignment.topic_partitions for m in g.members)
-            except Exception:
-                pass
-        if ready == len(groups):
-            return
-        time.sleep(0.5)
-    raise StackError(f"processors did not join their consumer groups within {timeout_s:.0f}s")
-
-
-def _total_records(consumer: Consumer, topology: Topology) -> int:
-    return sum(_offsets(consumer, list(topology.topics), topology).values())
-
-
-def _wait_drained(consumer: Consumer, topology: Topology, quiet_s: float = 3.0, timeout_s: float = 30.0) -> None:
-    """Wait until no topic of the topology grows for ``quiet_s``: every processor has caught up."""
-    deadline = time.monotonic() + timeout_s
-    last, since = _total_records(consumer, topology), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        now = _total_records(consumer, topology)
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            return
-
-
-def _stop(procs: dict[str, subprocess.Popen], timeout_s: float = 15.0) -> None:
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for proc in procs.values():
-        try:
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def score(fleet: Fleet, start_ms: int, actions: list[dict], dlq: list[dict]) -> tuple[dict, list[dict], dict]:
     """Detected / missed per injected fault, and the false alarms, against the simulator's ground truth."""
     by_device: dict[str, list[dict]] = defaultdict(list)
@@ -218,15 +148,14 @@ def run_pipeline(stack: StackSettings, fleet: Fleet, duration_s: float, *, topol
     topology = load_topology(topology_path)
     stack.logs_dir.mkdir(parents=True, exist_ok=True)
     apply(topology, stack)
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     probe = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "tangram-demo-probe"})
-    procs: dict[str, subprocess.Popen] = {}
+    processors = Processors(topology_path, stack)
     watcher = None
     try:
         console.print(f"starting processors: {', '.join(topology.processors)} (logs in {stack.logs_dir})")
-        procs = {name: _spawn(topology_path, name, stack) for name in topology.processors}
-        _wait_groups(admin, [topology.group(n) for n in topology.processors], procs, timeout_s=90)
-        before = _offsets(probe, list(topology.topics), topology)
+        processors.start()
+        processors.wait_joined(timeout_s=90)
+        before = high_watermarks(probe, topology)
         watched = [t for t in topology.topics if ".actions." in t or ".dlq." in t]
         watcher = Watcher(stack, topology, {tp: off for tp, off in before.items() if tp.topic in watched}, console)
         watcher.start()
@@ -254,8 +183,8 @@ def run_pipeline(stack: StackSettings, fleet: Fleet, duration_s: float, *, topol
         if producer.flush(30):
             raise StackError("simulator readings were not all acknowledged by Kafka")
         console.print("simulator done; waiting for the pipeline to drain")
-        _wait_drained(probe, topology)
-        after = _offsets(probe, list(topology.topics), topology)
+        wait_quiet(probe, topology)
+        after = high_watermarks(probe, topology)
         watcher.stop()
         counts: Counter = Counter()
         for tp, high in after.items():
@@ -275,7 +204,7 @@ def run_pipeline(stack: StackSettings, fleet: Fleet, duration_s: float, *, topol
     finally:
         if watcher is not None and watcher.is_alive():
             watcher.stop()
-        _stop(procs)
+        processors.stop()
         probe.close()
 
 

@@ -26,3 +26,35 @@ class DeliveryError(TangramError):
 
 class InferenceError(TangramError):
     """Triton refused, timed out or returned something off-contract."""
+
+
+class InferenceUnavailableError(InferenceError):
+    """Triton did not answer (down, overloaded, past the deadline): retry later, the records are not at fault."""
+
+
+class BackpressureError(TangramError):
+    """A processor cannot make progress now (a service it needs is slow or down).
+
+    The delivery loop pauses the partitions, puts the batch back, backs off while it keeps
+    polling, and retries: nothing is committed, nothing is lost, the group does not rebalance.
+    """
+
+
+class StateLogError(TangramError):
+    """A compacted state topic (``_tangram.models``, ``_tangram.config``) cannot be read or written."""
+
+
+class ModelRegistryError(TangramError):
+    """The model registry refuses a registration or a stage change (the message says why)."""
+
+
+class ArtifactIntegrityError(ModelRegistryError):
+    """A model artifact is missing or its sha256 digest differs from the registered one: never load it."""
+
+
+class ConfigCenterError(TangramError):
+    """The config center refuses a change or cannot serve a value."""
+
+
+class ConfigValidationError(ConfigCenterError):
+    """A config change does not match its namespace's declared schema; nothing of it was published."""

@@ -144,6 +144,7 @@ class Sla(_Model):
     source: str
     sink: str
     p99_ms: float = Field(gt=0, description="99th percentile of source-to-sink latency.")
+    recovery_s: float = Field(30.0, gt=0, description="Longest pause of the chain when a processor dies and is restarted.")
 
 
 class GatewaySpec(_Model):

@@ -6,6 +6,7 @@ Blocking confluent-kafka calls; the HTTP layer runs them in a worker thread.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -48,6 +49,18 @@ class KafkaLog:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise StackError(f"cannot create topic {self.topic}: {exc}") from exc
 
+    def _watermarks(self, consumer: Consumer) -> tuple[int, int]:
+        """The topic's offsets, asking again while a just-created partition has no leader yet."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=self.timeout_s)
+            except KafkaException as exc:
+                if not exc.args[0].retriable() and exc.args[0].code() != KafkaError.NOT_LEADER_FOR_PARTITION \
+                        or time.monotonic() > deadline:
+                    raise StackError(f"cannot read the offsets of {self.topic}: {exc}") from exc
+                time.sleep(0.2)
+
     def replay(self) -> Iterator[Record]:
         """Every record from the beginning of the topic up to its current end (high watermark)."""
         consumer = Consumer(
@@ -59,7 +72,7 @@ class KafkaLog:
             }
         )
         try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=self.timeout_s)
+            low, high = self._watermarks(consumer)
             if high <= low:
                 return
             consumer.assign([TopicPartition(self.topic, 0, low)])
