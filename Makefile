@@ -68,6 +68,7 @@ demo: setup
 	$(BIN)/tangram demo --duration $(DURATION)
 
 test: setup
+	$(BIN)/tangram schemas check
 	$(BIN)/pytest -q tests
 
 unit: $(VENV)/.installed

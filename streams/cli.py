@@ -19,6 +19,10 @@ app.add_typer(stack_app, name="stack")
 app.add_typer(model_app, name="model")
 app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
+from streams.gateway.cli import dlq_app, gateway_app, schemas_app  # noqa: E402  (data contracts, gateways, DLQ)
+app.add_typer(schemas_app, name="schemas")
+app.add_typer(gateway_app, name="gateway")
+app.add_typer(dlq_app, name="dlq")
 
 
 def _settings() -> StackSettings:
