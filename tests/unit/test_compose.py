@@ -39,3 +39,26 @@ def test_dockerfile_installs_the_cli_the_services_call():
     dockerfile = (PROJECT_ROOT / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["tangram"]' in dockerfile
     assert "COPY topologies" in dockerfile and "COPY schemas" in dockerfile
+
+
+def _merge(base: dict, override: dict) -> dict:
+    """docker compose's merge for mappings (what `-f a.yml -f b.yml` does to these keys)."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def test_three_broker_profile_is_a_consistent_kraft_quorum():
+    override = yaml.safe_load((PROJECT_ROOT / "docker-compose.kafka-3.yml").read_text())
+    services = _merge(COMPOSE, override)["services"]
+    nodes = {name: services[name]["environment"] for name in ("kafka", "kafka-2", "kafka-3")}
+    assert sorted(env["KAFKA_NODE_ID"] for env in nodes.values()) == [1, 2, 3]
+    voters = {env["KAFKA_CONTROLLER_QUORUM_VOTERS"] for env in nodes.values()}
+    assert voters == {"1@kafka:9093,2@kafka-2:9093,3@kafka-3:9093"}
+    for name, env in nodes.items():
+        assert env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{name}:9092"
+        assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+        assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 3
+    registry = services["schema-registry"]["environment"]
+    assert registry["SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS"].count("kafka") == 3
