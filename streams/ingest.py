@@ -13,6 +13,7 @@ tested without Kafka; every rejection is counted in
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -22,7 +23,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import fastavro
 from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -89,6 +90,9 @@ class IngestSettings(_Frozen):
     entity_field: str = Field("device_id", description="The field that must equal the Kafka key.")
     time_field: str = Field("ts", description="The event-time field (epoch ms).")
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings, description="Token-bucket limits.")
+    reference_time: Literal["wall", "record"] = Field(
+        "wall", description="Timestamps are judged against the wall clock, or (replays, backtests) against the time "
+                            "the record was produced to Kafka.")
 
 
 class TokenBuckets:
@@ -462,6 +466,11 @@ def new_trace_id() -> str:
     return uuid.uuid4().hex
 
 
+def trace_id_for(event_id: str) -> str:
+    """The trace id of an event that arrived without one: derived from its id, so replays reproduce it."""
+    return hashlib.sha256(event_id.encode()).hexdigest()[:32]
+
+
 class IngestValidator(Processor):
     """Raw JSON (or Avro) topic → validated Avro topic; rejects to the DLQ with the original bytes.
 
@@ -498,8 +507,10 @@ class IngestValidator(Processor):
 
     def process(self, batch: list[Record]) -> list[Output]:
         outputs: list[Output] = []
-        now_ms = int(self.clock() * 1000)
+        wall_ms = int(self.clock() * 1000)
+        by_record = self.validator.settings.reference_time == "record"
         for record in batch:
+            now_ms = record.timestamp_ms if by_record else wall_ms
             try:
                 reading = self.validator.admit(record.key, record.value, now_ms, client=record.header(H_CLIENT_ID) or None,
                                                now_s=record.timestamp_ms / 1000, codec=self.input_codecs.get(record.topic))
@@ -510,7 +521,7 @@ class IngestValidator(Processor):
                 continue
             headers = {
                 H_EVENT_ID: reading["event_id"],
-                H_TRACE_ID: record.header(H_TRACE_ID) or new_trace_id(),
+                H_TRACE_ID: record.header(H_TRACE_ID) or trace_id_for(reading["event_id"]),
                 H_INGEST_MS: str(record.timestamp_ms),
             }
             outputs.append(Output(self.output_topic, reading[self.validator.settings.entity_field],
