@@ -7,13 +7,14 @@ SHELL        := /bin/bash
 PYTHON       ?= $(shell command -v python3.11 || command -v python3)
 VENV         := .venv
 TRITON_VENV  := .venv-triton
+FLINK_VENV   := .venv-flink
 BIN          := $(VENV)/bin
 UV           := $(PYTHON) -m uv
 DURATION     ?= 60
 
 .PHONY: setup demo test unit integration up down status clean system-deps jars model uv
 
-setup: system-deps $(VENV)/.installed $(TRITON_VENV)/.installed jars model
+setup: system-deps $(VENV)/.installed $(TRITON_VENV)/.installed $(FLINK_VENV)/.installed jars model
 
 # Java and Maven come with the machine; Redis comes from Debian's packages.
 system-deps:
@@ -45,9 +46,16 @@ $(TRITON_VENV)/.installed: inference_workers/requirements-triton.txt | uv
 	$(UV) pip install -q -p $(TRITON_VENV)/bin/python -r inference_workers/requirements-triton.txt
 	@touch $@
 
+# 3. The Flink job environment: PyFlink pins apache-beam, pandas<2.3 and pyarrow, so apart too.
+$(FLINK_VENV)/.installed: streams/flink/requirements-flink.txt | uv
+	$(UV) venv -q --allow-existing -p $(PYTHON) $(FLINK_VENV)
+	$(UV) pip install -q -p $(FLINK_VENV)/bin/python -r streams/flink/requirements-flink.txt
+	@touch $@
+
 # Kafka 4.x jars, resolved by Maven from Maven Central (cached in ~/.m2 between runs).
 jars: $(VENV)/.installed
 	$(BIN)/tangram stack jars
+	$(BIN)/python -m streams.flink.launcher jars
 
 # The reference model, trained by the project's own script on simulated data, exported to ONNX.
 model: $(VENV)/.installed
@@ -78,4 +86,4 @@ integration: setup
 	$(BIN)/pytest -q tests/integration
 
 clean: down
-	rm -rf .tangram $(VENV) $(TRITON_VENV)
+	rm -rf .tangram $(VENV) $(TRITON_VENV) $(FLINK_VENV)

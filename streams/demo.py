@@ -106,11 +106,14 @@ class Watcher(threading.Thread):
         self.consumer.close()
 
 
-def score(fleet: Fleet, start_ms: int, actions: list[dict], dlq: list[dict]) -> tuple[dict, list[dict], dict]:
-    """Detected / missed per injected fault, and the false alarms, against the simulator's ground truth."""
+def score(labels: list[dict], actions: list[dict], dlq: list[dict], since_ms: int = 0) -> tuple[dict, list[dict], dict]:
+    """Detected / missed per injected fault, and the false alarms, against ground-truth ``FaultLabel`` records.
+
+    Actions for windows that ended before ``since_ms`` are ignored (windows an earlier run left open).
+    """
     by_device: dict[str, list[dict]] = defaultdict(list)
     for a in actions:
-        if a["window_end"] > start_ms:  # windows left open by an earlier run close now; they are not this run's
+        if a["window_end"] > since_ms:
             by_device[a["device_id"]].append(a)
     dlq_by_device: dict[str, Counter] = defaultdict(Counter)
     for d in dlq:
@@ -118,21 +121,19 @@ def score(fleet: Fleet, start_ms: int, actions: list[dict], dlq: list[dict]) -> 
         dlq_by_device[key][d["reason"]] += 1
     faults: dict[str, dict] = {}
     false_alarms: list[dict] = []
-    for device in fleet.devices:
-        onset_ms = start_ms + int(device.onset_s * 1000) if np.isfinite(device.onset_s) else None
-        expected = EXPECTED.get(device.fault)
-        entry = faults.setdefault(device.fault, {"devices": 0, "detected": 0, "missed": 0, "delays_s": []})
+    for label in labels:
+        device, fault = label["device_id"], label["fault"]
+        onset_ms = label["onset_ts"] if fault != "none" else None
+        expected = EXPECTED.get(fault)
+        entry = faults.setdefault(fault, {"devices": 0, "detected": 0, "missed": 0, "delays_s": []})
         entry["devices"] += 1
         hit = None
-        for a in sorted(by_device[device.device_id], key=lambda a: a["window_end"]):
+        for a in sorted(by_device[device], key=lambda a: a["window_end"]):
             if expected and expected[0] == "action" and a["action_type"] == expected[1] and a["window_end"] >= onset_ms:
                 hit = hit or a
             else:
                 false_alarms.append(a)
-        if expected and expected[0] == "dlq":
-            detected = dlq_by_device[device.device_id][expected[1]] > 0
-        else:
-            detected = hit is not None
+        detected = dlq_by_device[device][expected[1]] > 0 if expected and expected[0] == "dlq" else hit is not None
         if expected:
             entry["detected" if detected else "missed"] += 1
             if hit is not None:
@@ -189,7 +190,7 @@ def run_pipeline(stack: StackSettings, fleet: Fleet, duration_s: float, *, topol
         counts: Counter = Counter()
         for tp, high in after.items():
             counts[tp.topic] += high - before[tp]
-        faults, false_alarms, detections = score(fleet, start_ms, watcher.actions, watcher.dlq)
+        faults, false_alarms, detections = score(fleet.labels(start_ms), watcher.actions, watcher.dlq, since_ms=start_ms)
         return Summary(
             duration_s=time.monotonic() - t0,
             readings_sent=sent,

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from streams.features import FEATURE_NAMES, band_energy, feature_vector, window_features
+from streams.features import FEATURE_NAMES, FEATURE_SET, EntityWindows, band_energy, feature_vector, window_features
+from streams.features.spec import FeatureSet
 from streams.simulator import SENSORS, Device, Fleet, windows_for_training
 
 
@@ -60,3 +61,63 @@ def test_training_windows_are_labelled_from_the_ground_truth():
     assert set(labels) <= {"healthy", "bearing_wear", "overheating"}
     for label, fault in zip(labels, faults):
         assert label == "healthy" or label == fault
+
+
+# -- the shared event-time state machine (every engine runs it) ------------------------------
+
+
+def _reference(readings: list[tuple[int, list[float]]], fs: FeatureSet) -> tuple[dict[int, dict], int]:
+    """Plain numpy: which readings are late, and the features of every window that closed."""
+    w = fs.window
+    windows: dict[int, list[tuple[int, list[float]]]] = {}
+    wm, late, closed = -1, 0, set()
+    for ts, row in readings:
+        starts = [s for s in w.starts(ts) if not (s + w.size_ms + w.allowed_lateness_ms <= wm)]
+        if not starts:
+            late += 1
+            continue
+        for s in starts:
+            windows.setdefault(s, []).append((ts, row))
+        wm = max(wm, ts)
+        closed |= {s for s in windows if s + w.size_ms + w.allowed_lateness_ms <= wm}
+    out = {}
+    for s in sorted(closed):
+        rows = sorted(windows[s], key=lambda r: r[0])
+        out[s] = {"count": len(rows), **window_features(np.array([r for _, r in rows]), fs.sample_hz)}
+    return out, late
+
+
+@pytest.mark.parametrize("hop_ms", [5000, 1000])
+def test_out_of_order_and_late_readings_match_the_reference(hop_ms):
+    fs = FEATURE_SET.model_copy(update={"window": FEATURE_SET.window.model_copy(update={"hop_ms": hop_ms})})
+    rng = np.random.default_rng(4)
+    ts = list(range(0, 40_000, 100))
+    for i in range(5, len(ts) - 1, 7):
+        ts[i], ts[i + 1] = ts[i + 1], ts[i]  # out of order
+    for i in range(50, len(ts), 60):
+        ts.insert(i, ts[i] - 1500)  # inside the allowed lateness for most windows
+    for i in range(90, len(ts), 120):
+        ts.insert(i, ts[i] - 9000)  # late
+    readings = [(t, list(rng.normal(10, 2, len(SENSORS)))) for t in ts]
+    for _, row in readings[::17]:
+        row[2] = np.nan
+    state, got, late = EntityWindows(fs), {}, 0
+    for t, row in readings:
+        accepted, closed = state.add(t, row)
+        late += not accepted
+        for c in closed:
+            got[c["window_start"]] = {k: v for k, v in c.items() if k not in ("start", "window", "window_start", "window_end")}
+    expected, expected_late = _reference(readings, fs)
+    assert late == expected_late > 0
+    assert got.keys() == expected.keys()
+    for start in expected:
+        assert got[start]["count"] == expected[start]["count"]
+        for name in FEATURE_NAMES:
+            assert got[start][name] == pytest.approx(expected[start][name], rel=1e-12, abs=1e-15), (start, name)
+
+
+def test_a_window_already_emitted_before_a_restart_is_not_emitted_again():
+    state = EntityWindows(FEATURE_SET, emitted_end=10_000)
+    assert state.add(9_900, [1.0] * len(SENSORS)) == (False, [])
+    accepted, closed = state.add(10_100, [1.0] * len(SENSORS))
+    assert accepted and closed == []

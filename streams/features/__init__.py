@@ -1,0 +1,65 @@
+"""Feature jobs (seed node 2): feature sets declared once, computed by interchangeable engines.
+
+- ``spec``: the declaration (``topologies/features/*.yaml``) as a typed, frozen model;
+- ``compute``: the window math and per-entity event-time state every engine shares;
+  ``window_features`` is the one definition the training script uses too;
+- ``engine``: the embedded engine, a processor of the delivery loop (``WindowFeatures``);
+- ``faust_job``: the same feature set as a Faust app with windowed tables;
+- ``streams.flink.job``: the same feature set as a PyFlink job (Flink environment);
+- ``online``: the Redis online store (writes, and the reads the rules make).
+
+``spec`` and ``compute`` need only numpy, pydantic and PyYAML, so the Flink environment
+imports them; the Kafka- and Redis-bound names load on first use.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from streams.features.compute import (
+    BAND_CUT_HZ,
+    FEATURE_NAMES,
+    FEATURE_SET,
+    EntityWindows,
+    band_energy,
+    compute_window,
+    feature_vector,
+    window_features,
+)
+from streams.features.spec import FeatureSet, load_feature_set
+
+_LAZY = {
+    "WindowFeatures": "streams.features.engine",
+    "WindowFeaturesSettings": "streams.features.engine",
+    "online_prefix": "streams.features.online",
+    "online_key": "streams.features.online",
+    "read_online_features": "streams.features.online",
+    "OnlineWriter": "streams.features.online",
+}
+
+__all__ = [
+    "BAND_CUT_HZ",
+    "FEATURE_NAMES",
+    "FEATURE_SET",
+    "EntityWindows",
+    "FeatureSet",
+    "OnlineWriter",
+    "WindowFeatures",
+    "WindowFeaturesSettings",
+    "band_energy",
+    "compute_window",
+    "feature_vector",
+    "load_feature_set",
+    "online_key",
+    "online_prefix",
+    "read_online_features",
+    "window_features",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Load the Kafka- and Redis-bound names on first use (PEP 562)."""
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'streams.features' has no attribute {name!r}")

@@ -1,0 +1,128 @@
+"""The embedded feature engine: a ``Processor`` in the one delivery loop (``streams.delivery``).
+
+Event-time windows per entity, as the feature set declares them, closed when the entity's
+watermark (its newest event time) passes the window end plus the allowed lateness.
+Readings for a window already closed are late: counted and sent to the DLQ, never dropped.
+
+State and offsets: open windows live in memory; the committed offset of a partition never
+passes the first offset of a window still open there, so a restarted job rebuilds its
+windows by re-reading. Windows already emitted are recognised by the ``window_end`` stored
+with the entity in the online store (written after the broker acknowledged the window,
+before the commit) and are not emitted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from confluent_kafka import TopicPartition
+from prometheus_client import Counter
+from pydantic import BaseModel, ConfigDict, Field
+
+from streams.avro import AvroCodec, WireFormatError
+from streams.context import BuildContext
+from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
+from streams.features.compute import EntityWindows, output_row
+from streams.features.online import OnlineWriter, online_prefix
+from streams.features.spec import DEFAULT_FEATURE_SET, FeatureSet, load_feature_set
+
+log = logging.getLogger("tangram.features")
+
+LATE = Counter("tangram_features_late_records_total", "Readings that arrived after their window closed.", ["processor"])
+
+
+class WindowFeaturesSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    feature_set: str = Field(str(DEFAULT_FEATURE_SET.relative_to(DEFAULT_FEATURE_SET.parents[2])),
+                             description="The feature-set declaration (YAML), relative to the project root.")
+    key_prefix: str | None = Field(None, description="Redis key prefix of the online store; default `tangram:<app>:<processor>`.")
+    redis_retry_s: float = Field(300.0, gt=0, description="How long online-store writes are retried while Redis is down.")
+
+
+class WindowFeatures(Processor):
+    """Telemetry (Avro) → one output row (Avro) per entity and window, and the Redis online store."""
+
+    name = "features"
+
+    def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
+                 redis_url: str, settings: WindowFeaturesSettings, feature_set: FeatureSet | None = None):
+        self.input_codec = input_codec
+        self.output_codec = output_codec
+        self.output_topic = output_topic
+        self.dlq_topic = dlq_topic
+        self.settings = settings
+        self.fs = feature_set or load_feature_set(settings.feature_set)
+        self.store = OnlineWriter(redis_url, settings.key_prefix or "tangram", self.fs,
+                                  retry_s=settings.redis_retry_s)
+        self._entities: dict[str, EntityWindows] = {}
+
+    @classmethod
+    def build(cls, ctx: BuildContext) -> WindowFeatures:
+        (source,), (output,) = ctx.spec.inputs, ctx.spec.outputs
+        return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(output), output_topic=output,
+                   dlq_topic=ctx.dlq, redis_url=ctx.stack.redis_url,
+                   settings=WindowFeaturesSettings.model_validate(
+                       {"key_prefix": online_prefix(ctx.topology.app, ctx.name), **ctx.spec.params}))
+
+    def setup(self) -> None:
+        self.store.setup()
+
+    def process(self, batch: list[Record]) -> list[Output]:
+        outputs: list[Output] = []
+        decoded: list[tuple[Record, dict]] = []
+        for record in batch:
+            try:
+                decoded.append((record, self.input_codec.decode(record.value)))
+            except WireFormatError as exc:
+                outputs.append(dead_letter(record, self.dlq_topic, self.name, exc, "undecodable"))
+        key, ts_field, inputs = self.fs.entity.join_key, self.fs.source.timestamp_field, self.fs.inputs
+        self._load_emitted({value[key] for _, value in decoded})
+        for record, value in decoded:
+            entity, ts = value[key], value[ts_field]
+            row = [np.nan if value[s] is None else value[s] for s in inputs]
+            accepted, closed = self._entities[entity].add(
+                ts, row, (TopicPartition(record.topic, record.partition), record.offset), record)
+            if not accepted:
+                LATE.labels(self.name).inc()
+                outputs.append(dead_letter(record, self.dlq_topic, self.name,
+                                           f"reading at {ts} is late: its windows are already closed", "late"))
+                continue
+            for window in closed:
+                out = output_row(self.fs, entity, window)
+                headers = carry_headers(record, **{H_EVENT_ID: f"{entity}:{window['start']}"})
+                last = window["window"].last
+                if H_TRACE_ID not in headers and last is not None:
+                    headers.update(carry_headers(last))
+                outputs.append(Output(self.output_topic, entity, self.output_codec.encode(out), headers))
+                self.store.stage(out)
+        return outputs
+
+    def _load_emitted(self, entities: set[str]) -> None:
+        """For entities first seen since start, read which windows were already emitted (online store)."""
+        new = [e for e in entities if e not in self._entities]
+        if not new:
+            return
+        for entity, end in zip(new, self.store.emitted_ends(new)):
+            self._entities[entity] = EntityWindows(self.fs, emitted_end=end)
+
+    def flush(self) -> None:
+        """Write the emitted windows to the online store (after the broker acknowledged them)."""
+        self.store.flush()
+
+    def committable(self, partition: TopicPartition) -> int | None:
+        firsts = [w.first[1] for state in self._entities.values() for w in state.open.values()
+                  if w.first[0] == partition]
+        return min(firsts) if firsts else None
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None:
+        """Forget every entity: open windows of kept partitions are rebuilt from the committed offsets."""
+        gone = {(p.topic, p.partition) for p in partitions}
+        for state in self._entities.values():
+            state.open = {s: w for s, w in state.open.items() if (w.first[0].topic, w.first[0].partition) not in gone}
+        kept = {e: s for e, s in self._entities.items() if s.open}
+        self._entities = kept
+
+    def close(self) -> None:
+        self.store.close()

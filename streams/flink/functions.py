@@ -1,0 +1,82 @@
+"""The Flink operators of the feature job, in their own module so workers import them by name.
+
+``WindowFunction`` runs the shared per-entity state machine
+(``streams.features.compute.EntityWindows``) in a ``KeyedProcessFunction`` keyed by the Kafka
+key; the entity's state lives in Flink keyed state, so checkpoints carry it. Late and
+undecodable readings go to the ``LATE`` side output with their original bytes and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from pyflink.common import Row, Types
+from pyflink.datastream import KeyedProcessFunction, OutputTag, RuntimeContext
+from pyflink.datastream.state import ValueStateDescriptor
+
+from streams import PROJECT_ROOT
+from streams.errors import SchemaError
+from streams.features.compute import EntityWindows, output_row
+from streams.features.spec import FeatureSet, load_feature_set
+from streams.features.wire import RegistryREST, WireCodec
+
+SCHEMA_DIR = PROJECT_ROOT / "schemas" / "avro"
+CARRIED = ("event_id", "trace_id", "ingest_ms")
+BYTES = Types.PRIMITIVE_ARRAY(Types.BYTE())
+#: One Kafka record as the job sees it: key (the entity), value bytes, headers.
+RECORD = Types.ROW_NAMED(["k", "v", "headers"], [Types.STRING(), BYTES, Types.MAP(Types.STRING(), BYTES)])
+LATE = OutputTag("late", RECORD)
+
+
+class WindowFunction(KeyedProcessFunction):
+    """Raw Kafka records of one entity → output rows of the windows they close; late ones → side output."""
+
+    def __init__(self, feature_set: str, registry_url: str, source_subject: str, output_subject: str,
+                 source_topic: str):
+        self.feature_set, self.registry_url = feature_set, registry_url
+        self.source_subject, self.output_subject, self.source_topic = source_subject, output_subject, source_topic
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.fs: FeatureSet = load_feature_set(self.feature_set)
+        registry = RegistryREST(self.registry_url)
+        self.source = WireCodec(registry, self.source_subject, _schema(self.source_subject))
+        self.output = WireCodec(registry, self.output_subject, _schema(self.output_subject))
+        self.state = ctx.get_state(ValueStateDescriptor("entity", Types.PICKLED_BYTE_ARRAY()))
+
+    def process_element(self, value: Row, ctx: KeyedProcessFunction.Context):
+        headers = dict(value.headers or {})
+        try:
+            reading = self.source.decode(bytes(value.v))
+        except SchemaError as exc:  # undecodable: dead letter, never dropped
+            yield LATE, _dead_letter(value, headers, "undecodable", str(exc), self.source_topic)
+            return
+        fs = self.fs
+        saved = self.state.value()
+        windows = EntityWindows(fs)
+        if saved is not None:
+            windows.watermark, windows.emitted_end, windows.open = saved
+        entity = reading[fs.entity.join_key]
+        ts = reading[fs.source.timestamp_field]
+        row = [float("nan") if reading[s] is None else float(reading[s]) for s in fs.inputs]
+        carried = {k: v for k, v in headers.items() if k in CARRIED}
+        accepted, closed = windows.add(ts, row, None, carried)
+        self.state.update((windows.watermark, windows.emitted_end, windows.open))
+        if not accepted:
+            yield LATE, _dead_letter(value, headers, "late", f"reading at {ts} is late: its windows are already closed",
+                                     self.source_topic)
+            return
+        for window in closed:
+            out_headers = {**(window["window"].last or {}), **carried, "event_id": f"{entity}:{window['start']}".encode()}
+            yield Row(k=entity, v=self.output.encode(output_row(fs, entity, window)), headers=out_headers)
+
+
+def _dead_letter(value: Row, headers: dict, reason: str, message: str, source_topic: str) -> Row:
+    extra = {"dlq.stage": "features-flink", "dlq.reason": reason, "dlq.error_class": "Rejected",
+             "dlq.error_message": message[:1000], "dlq.source_topic": source_topic,
+             "dlq.failed_ms": str(int(time.time() * 1000))}
+    return Row(k=value.k, v=value.v, headers={**headers, **{k: v.encode() for k, v in extra.items()}})
+
+
+def _schema(subject: str) -> dict:
+    return json.loads((SCHEMA_DIR / f"{subject}.avsc").read_text())
