@@ -18,6 +18,9 @@ import yaml
 
 from streams.errors import TopologyError
 
+#: An override value that removes the key instead of setting it.
+DELETE = object()
+
 
 def rename_topics(text: str, app: str, topics: list[str], prefix: str) -> str:
     """``text`` with each ``<app>.x.y`` topic name replaced by ``<prefix>.x.y`` (not schema subjects)."""
@@ -30,7 +33,7 @@ def rename_topics(text: str, app: str, topics: list[str], prefix: str) -> str:
 
 
 def namespaced(source: Path, prefix: str, target: Path, overrides: dict[str, Any] | None = None) -> Path:
-    """Write ``source`` under namespace ``prefix`` to ``target``; ``overrides`` maps ``a/b/c`` paths to values."""
+    """Write ``source`` under namespace ``prefix`` to ``target``; ``overrides`` maps ``a/b/c`` paths to values (or ``DELETE``)."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", prefix):
         raise TopologyError(f"namespace {prefix!r} must be lowercase letters, digits and _ and start with a letter")
     text = Path(source).read_text()
@@ -43,7 +46,10 @@ def namespaced(source: Path, prefix: str, target: Path, overrides: dict[str, Any
             node = doc
             for part in parents:
                 node = node.setdefault(part, {})
-            node[leaf] = value
+            if value is DELETE:
+                node.pop(leaf, None)
+            else:
+                node[leaf] = value
         text = yaml.safe_dump(doc, sort_keys=False)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text)

@@ -36,7 +36,7 @@ from streams.avro import codec
 from streams.demo import score
 from streams.errors import TopologyError
 from streams.launcher import Processors, high_watermarks, wait_quiet
-from streams.namespace import namespaced
+from streams.namespace import DELETE, namespaced
 from streams.plan import apply
 from streams.settings import StackSettings
 from streams.topology import Topology, load_schema, load_topology
@@ -97,9 +97,10 @@ def resolve_ranges(consumer: Consumer, topic: str, partitions: int, *, start_off
 def copy_range(stack: StackSettings, source: str, target: str, ranges: dict[int, tuple[int, int]]) -> int:
     """Copy records, keeping key, value, headers, timestamp and partition; returns the count."""
     consumer = _consumer(stack)
-    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 20, "compression.type": "lz4"})
     failures: list[str] = []
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 20, "compression.type": "lz4", "delivery.report.only.error": True,
+                         "on_delivery": lambda err, _: failures.append(str(err)) if err else None})
     wanted = {p: r for p, r in ranges.items() if r[1] > r[0]}
     consumer.assign([TopicPartition(source, p, lo) for p, (lo, _) in wanted.items()])
     position = {p: lo for p, (lo, _) in wanted.items()}
@@ -119,8 +120,7 @@ def copy_range(stack: StackSettings, source: str, target: str, ranges: dict[int,
                 while True:
                     try:
                         producer.produce(target, msg.value(), msg.key(), partition=p, timestamp=msg.timestamp()[1],
-                                         headers=msg.headers(),
-                                         on_delivery=lambda err, m: failures.append(str(err)) if err else None)
+                                         headers=msg.headers())
                         break
                     except BufferError:
                         producer.poll(0.05)
@@ -287,7 +287,7 @@ def run_version(stack: StackSettings, run: Run, version: str, console: Console) 
     path = namespaced(Path(run.source_topology), prefix, folder / f"backtest-{prefix}.yaml", {
         "processors/ingest/params/reference_time": "record",
         "processors/inference/params/model_version": version,
-        "processors/inference/params/routing": None,
+        "processors/inference/params/routing": DELETE,  # one version, no canary or shadow
     })
     topology = load_topology(path)
     apply(topology, stack)
