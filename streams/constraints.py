@@ -29,20 +29,27 @@ def _model_max_batch(repository: Path, model: str) -> int | None:
 
 
 def path(topology: Topology, source: str, sink: str) -> list[str] | None:
-    """Processors on a path from topic ``source`` to topic ``sink`` (breadth first), or None."""
-    frontier: list[tuple[str, list[str]]] = [(source, [])]
-    seen = {source}
-    while frontier:
-        topic, via = frontier.pop(0)
+    """Processors on the longest path from topic ``source`` to topic ``sink`` (the critical one), or None.
+
+    A processor may read several topics of one chain (the rules read predictions and feature
+    windows): the SLA must hold on the longest way through.
+    """
+    best: list[str] | None = None
+
+    def walk(topic: str, via: list[str], seen: set[str]) -> None:
+        nonlocal best
         if topic == sink:
-            return via
+            if best is None or len(via) > len(best):
+                best = via
+            return
         for name, spec in topology.processors.items():
-            if topic in spec.inputs:
+            if topic in spec.inputs and name not in via:
                 for out in spec.outputs:
                     if out not in seen:
-                        seen.add(out)
-                        frontier.append((out, [*via, name]))
-    return None
+                        walk(out, [*via, name], seen | {out})
+
+    walk(source, [], {source})
+    return best
 
 
 def _processor_violations(topology: Topology, name: str, spec: ProcessorSpec, repository: Path) -> list[str]:
@@ -61,11 +68,11 @@ def _processor_violations(topology: Topology, name: str, spec: ProcessorSpec, re
         elif spec.batch_size > limit:
             out.append(f"processor {name!r}: batch_size {spec.batch_size} exceeds model {model!r} "
                        f"max_batch_size {limit}")
+    narrowest = min(spec.inputs, key=topology.partitions)
+    if spec.replicas > (partitions := topology.partitions(narrowest)):
+        out.append(f"processor {name!r}: {spec.replicas} replicas but input {narrowest!r} has {partitions} "
+                   f"partitions; {spec.replicas - partitions} would sit idle")
     for topic in spec.inputs:
-        partitions = topology.partitions(topic)
-        if spec.replicas > partitions:
-            out.append(f"processor {name!r}: {spec.replicas} replicas but input {topic!r} has {partitions} "
-                       f"partitions; {spec.replicas - partitions} would sit idle")
         data = topology.topics[topic].data
         capacity = spec.compute.max_rate_per_replica
         if data and data.baseline_rate and capacity:

@@ -40,6 +40,9 @@ def plan(topology: Topology, stack: StackSettings) -> list[Change]:
     Refuses first, with every breach listed, a topology whose constraints the runtime cannot honour.
     """
     breaches = violations(topology, stack.model_repository)
+    from streams.rules.check import rule_problems  # every rule of every rule processor compiles
+
+    breaches += rule_problems(topology)
     if breaches:
         raise TopologyError("the topology declares what the runtime cannot honour:\n  - " + "\n  - ".join(breaches))
     admin = _admin(stack)

@@ -8,7 +8,7 @@ value never reaches a processor:
 |---|---|---|
 | ``model-config`` | model serving: endpoint, timeout, retries, batch | :class:`ModelServingConfig` |
 | ``feature-switch`` | on/off switches; ``degradation.level`` is the L0–L3 switch | ``bool``; ``"L0"``…``"L3"`` |
-| ``business-rule`` | rule sets (conditions → actions) | :class:`RuleSetConfig` |
+| ``business-rule`` | rule sets (conditions → actions) | ``streams.rules.spec:RuleSetValue`` (compiled) |
 | ``monitor-threshold`` | alert thresholds (``latency_p95_ms`` …) | a finite number |
 
 A declaration's type is a Python type (pydantic model, ``Literal``, ``bool``…) or a
@@ -97,7 +97,8 @@ DEFAULT_DECLARATIONS: list[Declaration] = [
     Declaration("model-config", "*", ModelServingConfig, "serving settings of a model"),
     Declaration("feature-switch", "degradation.level", DegradationLevel, "manual degradation level L0–L3"),
     Declaration("feature-switch", "*", StrictBool, "an on/off switch"),
-    Declaration("business-rule", "*", RuleSetConfig, "a rule set"),
+    Declaration("business-rule", "*", "streams.rules.spec:RuleSetValue",
+                "a rule set of the rule processor; every rule must compile"),
     Declaration("monitor-threshold", "*", Threshold, "an alert threshold (finite number)"),
 ]
 

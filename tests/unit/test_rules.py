@@ -48,3 +48,85 @@ def test_duplicate_rule_names_are_refused():
 def test_action_ids_are_deterministic():
     assert action_id("r", "dev-1", 5000) == action_id("r", "dev-1", 5000)
     assert action_id("r", "dev-1", 5000) != action_id("r", "dev-1", 10000)
+
+
+# ---- priorities, levels, rule books ------------------------------------------------------------
+
+from streams import PROJECT_ROOT  # noqa: E402
+from streams.config_center.schemas import DEFAULT_SCHEMAS  # noqa: E402
+from streams.errors import ConfigValidationError  # noqa: E402
+from streams.rules import RuleBook, RuleSetValue  # noqa: E402
+from streams.rules.check import rule_problems  # noqa: E402
+from streams.topology import load_topology  # noqa: E402
+
+TOPICS = {"maintenance": "pm.actions.maintenance", "review": "pm.actions.review"}
+
+
+@pytest.mark.parametrize(
+    "when, context, expected",
+    [
+        ("score > 0.9 and vibration_std > 7", {"score": 0.95, "vibration_std": 8.0}, True),
+        ("score > 0.9 and vibration_std > 7", {"score": 0.95, "vibration_std": 6.0}, False),
+        ("confidence < 0.7", {"confidence": 0.69}, True),
+        ("confidence < 0.7", {"confidence": 0.7}, False),
+        ("label in ['bearing_wear', 'overheating']", {"label": "overheating"}, True),
+        ("label != 'healthy' and score >= 0.5", {"label": "healthy", "score": 0.99}, False),
+        ("temperature_mean > 72 or missing_rate >= 0.5", {"temperature_mean": 60.0, "missing_rate": 0.5}, True),
+        ("label == null", {}, True),  # a field the record lacks reads as null (L2: no model)
+        ("label =~ 'bear.*'", {"label": "bearing_wear"}, True),
+    ],
+)
+def test_rule_semantics_table(when, context, expected):
+    assert CompiledRule(RuleSpec(name="r", when=when, **SPEC)).matches(context) is expected
+
+
+def test_book_orders_by_priority_and_drops_disabled_rules():
+    book = RuleBook.build([RuleSpec(name="low", when="true", action="review", priority=1),
+                           RuleSpec(name="high", when="true", action="review", priority=5),
+                           RuleSpec(name="off", when="true", action="review", priority=9, enabled=False)],
+                          "topology", 0, TOPICS)
+    assert [r.spec.name for r in book.rules] == ["high", "low"]
+    assert all(r.topic == "pm.actions.review" for r in book.rules)
+
+
+def test_book_filters_rules_by_level():
+    book = RuleBook.build([RuleSpec(name="model", when="score > 0.5", action="review"),
+                           RuleSpec(name="features", when="missing_rate > 0.3", action="review", levels=["L2"])],
+                          "topology", 0, TOPICS)
+    assert [r.spec.name for r in book.at("L0")] == ["model"]
+    assert [r.spec.name for r in book.at("L2")] == ["features"]
+    assert book.at("L3") == ()
+
+
+def test_a_rule_without_an_output_topic_is_refused():
+    with pytest.raises(TopologyError, match="rule 'r' emits 'alert'.*not an output"):
+        RuleBook.build([RuleSpec(name="r", when="true", action="alert")], "topology", 0, TOPICS)
+
+
+def test_no_rule_runs_at_l3():
+    with pytest.raises(ValueError, match="safe_default"):
+        RuleSpec(name="r", when="true", action="review", levels=["L3"])
+
+
+def test_config_center_refuses_a_malformed_rule_at_publish_with_name_position_and_reason():
+    good = {"rules": [{"name": "ok", "when": "score > 0.9", "action": "maintenance"}]}
+    assert DEFAULT_SCHEMAS.validate("business-rule", "pm.rules", good)["rules"][0]["levels"] == ["L0", "L1"]
+    bad = {"rules": [good["rules"][0], {"name": "broken", "when": "score > = 0.9", "action": "alert"}]}
+    with pytest.raises(ConfigValidationError, match=r"rule 'broken' \(#2 of its rule set\): syntax error at position \d+"):
+        DEFAULT_SCHEMAS.validate("business-rule", "pm.rules", bad)
+    with pytest.raises(ValueError, match="unique"):
+        RuleSetValue(rules=[good["rules"][0], good["rules"][0]])
+
+
+def test_plan_check_names_the_processor_and_the_rule(tmp_path):
+    text = (PROJECT_ROOT / "topologies" / "predictive_maintenance.yaml").read_text()
+    assert rule_problems(_write(tmp_path, text)) == []
+    broken = text.replace("when: \"temperature_mean > 72\"", "when: \"temperature_mean > = 72\"")
+    [problem] = rule_problems(_write(tmp_path, broken))
+    assert problem.startswith("processor 'rules': rule 'overheating_features' (#5 of its rule set): syntax error at position")
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    return load_topology(path)

@@ -1,0 +1,133 @@
+"""The rule processor measured against a raw consume→produce loop over the same records, in one run.
+
+Needs a running stack with Kafka, the registry and Redis (`tangram up`, or TANGRAM_* variables).
+
+    .venv/bin/python benchmarks/bench_rules.py [--records 30000] [--devices 200]
+
+Prints events/s through (1) a raw confluent-kafka loop that consumes the prediction records and
+produces each one unchanged, committing after every acknowledged batch (the same delivery
+discipline, no decoding, no rules), and (2) the rule processor in the real delivery loop (Avro
+decode, online-feature reads from Redis, the reference rules, cooldowns, Avro actions), and
+the ratio (2)/(1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
+
+from streams.avro import codec  # noqa: E402
+from streams.delivery import Runner, RunnerConfig  # noqa: E402
+from streams.plan import apply  # noqa: E402
+from streams.run import build_processor  # noqa: E402
+from streams.settings import StackSettings  # noqa: E402
+from streams.topology import load_schema, load_topology  # noqa: E402
+
+from isolation import isolated_topology  # noqa: E402
+from rules_helpers import prediction  # noqa: E402
+
+
+def committed(probe: Consumer, topic: str, partitions: int) -> int:
+    """Records of ``topic`` the probe's group has committed."""
+    return sum(max(tp.offset, 0) for tp in probe.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10))
+
+
+def raw_loop(stack: StackSettings, source: str, sink: str, total: int) -> float:
+    """Consume → produce unchanged → flush → commit, batches of 500; returns seconds for ``total`` records."""
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"bench-raw-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 5, "compression.type": "lz4"})
+    consumer.subscribe([source])
+    seen, started = 0, None
+    while seen < total:
+        batch = [m for m in consumer.consume(500, 0.1) if m.error() is None]
+        if not batch:
+            continue
+        started = started or time.perf_counter()
+        for m in batch:
+            producer.produce(sink, m.value(), m.key(), headers=m.headers())
+        assert producer.flush(30) == 0
+        consumer.commit(asynchronous=False)
+        seen += len(batch)
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return elapsed
+
+
+def rule_processor(stack: StackSettings, topology, total: int) -> tuple[float, int]:
+    spec = topology.processors["rules"]
+    group = f"bench-rules-{uuid.uuid4().hex}"
+    runner = Runner(build_processor(topology, "rules", stack), RunnerConfig(
+        bootstrap_servers=stack.bootstrap_servers, group_id=group, inputs=tuple(spec.inputs),
+        batch_size=spec.batch_size, max_wait_ms=spec.max_wait_ms))
+    thread = threading.Thread(target=runner.run, daemon=True)
+    topic, n = spec.inputs[0], topology.partitions(spec.inputs[0])
+    probe = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": group})
+    thread.start()
+    # the clock starts at the first committed batch (setup and the group join are not throughput)
+    while (first := committed(probe, topic, n)) < 1:
+        time.sleep(0.01)
+    started = time.perf_counter()
+    while committed(probe, topic, n) < total:
+        time.sleep(0.05)
+    elapsed = time.perf_counter() - started
+    probe.close()
+    total -= first  # the first batch was not timed
+    runner.stop()
+    thread.join(30)
+    return elapsed, total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=30_000)
+    parser.add_argument("--devices", type=int, default=200)
+    args = parser.parse_args()
+    stack = StackSettings()
+    with tempfile.TemporaryDirectory() as tmp:
+        path, prefix = isolated_topology(Path(tmp))
+        raw = yaml.safe_load(path.read_text())
+        rules = raw["processors"]["rules"]
+        rules["inputs"] = [rules["inputs"][0]]  # predictions only: this measures deciding, not degradation
+        rules["params"]["config_topic"] = f"_tangram.config.{prefix}"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        topology = load_topology(path)
+        apply(topology, stack)
+        source = rules["inputs"][0]
+        enc = codec(stack.registry_url, "pm.predictions.anomaly-value", load_schema("pm.predictions.anomaly-value"))
+        producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all",
+                             "linger.ms": 20, "compression.type": "lz4"})
+        labels = ["healthy"] * 8 + ["bearing_wear", "overheating"]
+        for i in range(args.records):
+            row = prediction(f"dev-{i % args.devices:04d}", 1_700_000_000_000 + 5000 * (i // args.devices),
+                             labels[i % len(labels)], 0.5 + (i % 50) / 100)
+            while True:
+                try:
+                    producer.produce(source, enc.encode(row), row["device_id"])
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        assert producer.flush(60) == 0
+        print(f"{args.records:,} predictions of {args.devices} devices on {source}")
+        raw_s = raw_loop(stack, source, f"{prefix}.actions.review", args.records)
+        rules_s, timed = rule_processor(stack, topology, args.records)
+        raw_rate, rules_rate = args.records / raw_s, timed / rules_s
+        print(f"raw consume→produce loop : {raw_rate:10,.0f} events/s ({raw_s:.2f} s)")
+        print(f"rule processor           : {rules_rate:10,.0f} events/s ({rules_s:.2f} s)")
+        print(f"ratio rule processor/raw : {rules_rate / raw_rate:10.2f}")
+
+
+if __name__ == "__main__":
+    main()
