@@ -56,8 +56,20 @@ def down() -> None:
 
 
 @app.command()
-def status() -> None:
-    """Show each component: pid, address, ready or not."""
+def status(
+    topology: Optional[Path] = typer.Option(None, "--topology", "-t", help="Show this running topology instead: rates, "
+                                            "lag, p99, DLQ, config, models, drift (live until Ctrl-C)."),
+    once: bool = typer.Option(False, "--once", help="With --topology: one snapshot, then exit."),
+    as_json: bool = typer.Option(False, "--json", help="With --topology --once: print the snapshot as JSON."),
+    interval: float = typer.Option(2.0, help="With --topology: seconds between snapshots (rates are over it)."),
+) -> None:
+    """Show each component of the stack (pid, address, ready), or with --topology the running topology."""
+    if topology is not None:
+        from streams.monitor.status import show
+        from streams.topology import load_topology
+
+        show(load_topology(topology), _settings(), once=once, as_json=as_json, interval_s=interval)
+        return
     from streams.stack import status as stack_status
 
     raise typer.Exit(0 if stack_status(_settings()) else 1)
@@ -75,6 +87,7 @@ def stack_jars() -> None:
 def model_train(
     seed: int = typer.Option(42, help="Random seed of the simulated training fleet."),
     force: bool = typer.Option(False, help="Retrain even if the model exists."),
+    version: int = typer.Option(1, min=1, help="Version folder to write (<model>/<version>/model.onnx)."),
 ) -> None:
     """Train the reference anomaly model on simulated data and export it to ONNX for Triton."""
     from rich.console import Console
@@ -82,10 +95,11 @@ def model_train(
     from inference_workers.train import MODEL_NAME, train
 
     repo = _settings().model_repository
-    if (repo / MODEL_NAME / "1" / "model.onnx").exists() and (repo / MODEL_NAME / "model_card.json").exists() and not force:
-        Console().print(f"model {MODEL_NAME} v1 already trained in {repo} (use --force to retrain)")
+    if (repo / MODEL_NAME / str(version) / "model.onnx").exists() and (repo / MODEL_NAME / "model_card.json").exists() \
+            and not force:
+        Console().print(f"model {MODEL_NAME} v{version} already trained in {repo} (use --force to retrain)")
         return
-    card = train(repo, seed=seed)
+    card = train(repo, seed=seed, version=version)
     m = card["metrics"]
     Console().print(
         f"[bold]{MODEL_NAME}[/] v{card['version']} dataset {card['dataset_version']}: "
@@ -180,6 +194,24 @@ def diagram(
 
     base = out or PROJECT_ROOT / "docs" / "images" / topology.stem
     for path in render(load_topology(topology), base, tuple(f.strip() for f in formats.split(",") if f.strip())):
+        Console().print(f"wrote {path}")
+
+
+compose_app = typer.Typer(help="Files docker-compose provisions, generated from the topology.", no_args_is_help=True)
+app.add_typer(compose_app, name="compose")
+
+
+@compose_app.command("prometheus")
+def compose_prometheus(
+    topology: Path = typer.Argument(Path("topologies/predictive_maintenance.yaml"), help="Topology YAML file."),
+) -> None:
+    """Write deploy/prometheus/prometheus.yml (a scrape job per processor) and the Grafana dashboards."""
+    from rich.console import Console
+
+    from streams.monitor.dashboards import write_all
+    from streams.topology import load_topology
+
+    for path in write_all(load_topology(topology)):
         Console().print(f"wrote {path}")
 
 

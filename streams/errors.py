@@ -58,3 +58,7 @@ class ConfigCenterError(TangramError):
 
 class ConfigValidationError(ConfigCenterError):
     """A config change does not match its namespace's declared schema; nothing of it was published."""
+
+
+class DriftBaselineError(TangramError):
+    """The training baseline of a drift job cannot be rebuilt or does not match the model card."""

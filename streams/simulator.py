@@ -10,6 +10,12 @@ Faults change the physics from an onset time and grow over a ramp:
 - ``clock_skew``: the device clock runs two minutes ahead (ingest rejects it);
 - ``malformed``: one reading in ten is broken (bad JSON, wrong types, missing fields, bad bytes).
 
+Drift (``Drift``) is separate from faults: it changes the distribution of a sensor for every
+device that carries it, from a chosen time, without being a fault the model knows — what the
+drift jobs (``streams.monitor``) must notice: a ``shift`` (offset), a ``scale`` (multiplier) or
+a new ``category`` (a share of readings at a level never seen in training: a new sensor type,
+a recalibrated unit).
+
 The same physics feeds the training script (``windows_for_training``) and the
 live stream (``Fleet.tick``), so the model is trained on what it will see.
 """
@@ -20,8 +26,8 @@ import json
 import math
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, replace
+from typing import Iterator, Literal, Sequence
 
 import numpy as np
 
@@ -30,6 +36,45 @@ MODEL_FAULTS: tuple[str, ...] = ("bearing_wear", "overheating")  # what the mode
 FAULTS: tuple[str, ...] = ("none", *MODEL_FAULTS, "sensor_dropout", "clock_skew", "malformed")
 CLOCK_SKEW_MS = 120_000
 RAMP_S = {"bearing_wear": 20.0, "overheating": 25.0}
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A change of one sensor's distribution from ``start_s`` (seconds into the run) on.
+
+    ``shift``: value + amount; ``scale``: mean + (value - mean) * amount around the device's own
+    operating point for the sensor, i.e. more (or less) spread; ``category``: a share ``share``
+    of readings replaced by the level ``amount`` (a category the training data never had).
+    """
+
+    sensor: str
+    kind: Literal["shift", "scale", "category"]
+    amount: float
+    start_s: float = 0.0
+    share: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.sensor not in SENSORS:
+            raise ValueError(f"unknown sensor {self.sensor!r}; known: {', '.join(SENSORS)}")
+        if self.kind not in ("shift", "scale", "category"):
+            raise ValueError(f"unknown drift kind {self.kind!r}; known: shift, scale, category")
+        if not 0.0 < self.share <= 1.0:
+            raise ValueError(f"drift share must be in (0, 1], got {self.share}")
+
+    def apply(self, t: np.ndarray, values: np.ndarray, centre: float, rng: np.random.Generator) -> np.ndarray:
+        """``values`` of this sensor at times ``t`` with the drift applied where ``t >= start_s``."""
+        on = t >= self.start_s
+        if not on.any():
+            return values
+        out = values.copy()
+        if self.kind == "shift":
+            out[on] = values[on] + self.amount
+        elif self.kind == "scale":
+            out[on] = centre + (values[on] - centre) * self.amount
+        else:
+            hit = on & (rng.random(len(t)) < self.share)
+            out[hit] = self.amount
+        return out
 
 
 @dataclass(frozen=True)
@@ -45,6 +90,7 @@ class Device:
     phase: float
     fault: str = "none"
     onset_s: float = math.inf
+    drifts: tuple[Drift, ...] = ()
 
     @classmethod
     def random(cls, device_id: str, rng: np.random.Generator, fault: str = "none", onset_s: float = math.inf) -> "Device":
@@ -84,6 +130,11 @@ class Device:
             temp = temp + 20.0 * sev
             current = current + 2.0 * sev
         out = np.column_stack([temp, np.abs(vib), current, pressure, rpm])
+        if self.drifts:
+            centres = (self.temp0, self.vib0, self.current0, self.pressure0, self.rpm0)
+            for drift in self.drifts:
+                j = SENSORS.index(drift.sensor)
+                out[:, j] = drift.apply(t, out[:, j], centres[j], rng)
         if self.fault == "sensor_dropout" and np.isfinite(self.onset_s):
             dropped = (rng.random(out.shape) < 0.5) & (t[:, None] >= self.onset_s)
             out[dropped] = np.nan
@@ -171,11 +222,12 @@ class Fleet:
 
 
 def windows_for_training(
-    n_devices: int, seconds: float, window_s: float, hz: float, seed: int
+    n_devices: int, seconds: float, window_s: float, hz: float, seed: int, *, drifts: Sequence[Drift] = ()
 ) -> tuple[np.ndarray, list[str], list[str]]:
     """Simulated readings cut into windows: (array of shape (windows, samples, 5), labels, faults).
 
-    A window is labelled with its device's fault once the fault is well under way
+    ``drifts`` (none for training) are applied to every device, for drift measurements on the
+    same population the model was trained on. A window is labelled with its device's fault once the fault is well under way
     (severity ≥ 0.35 at the window's end) and ``healthy`` otherwise; windows in
     the ambiguous first part of a ramp are left out so the classes stay clean.
     """
@@ -187,6 +239,8 @@ def windows_for_training(
         fault = choices[i % len(choices)]
         onset = float(rng.uniform(0, seconds * 0.6)) if fault != "none" else math.inf
         device = Device.random(f"train-{i}", rng, fault, onset)
+        if drifts:
+            device = replace(device, drifts=tuple(drifts))
         t = np.arange(int(seconds * hz)) / hz
         values = device.sample(t, rng)
         for w in range(len(t) // per_window):

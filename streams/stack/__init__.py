@@ -94,8 +94,28 @@ def down(settings: StackSettings, only: Sequence[str] | None = None) -> None:
 
 
 def status(settings: StackSettings, only: Sequence[str] | None = None) -> bool:
-    """Print a table of the components; True iff every one is running and ready."""
-    return _print_table(_select(settings, only))
+    """Print a table of the components, and the processors the launcher runs; True iff every component is ready."""
+    ready = _print_table(_select(settings, only))
+    _print_processors(settings)
+    return ready
+
+
+def _print_processors(settings: StackSettings) -> None:
+    """The processors started by ``streams.launcher`` (demo, verify, tests) and their metrics endpoints."""
+    import json
+
+    for path in sorted((settings.home / "processors").glob("*.json")):
+        try:
+            listing = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        table = Table(title=f"processors of {listing.get('app')} ({listing.get('topology')})",
+                      caption="`tangram status --topology FILE` for rates, lag, p99, drift", caption_justify="left")
+        for col in ("processor", "replica", "pid", "metrics"):
+            table.add_column(col)
+        for e in listing.get("processors", []):
+            table.add_row(e["name"], str(e["replica"]), str(e["pid"]), e.get("metrics_url") or "-")
+        _console.print(table)
 
 
 def _print_table(procs: Sequence[ManagedProcess]) -> bool:

@@ -9,7 +9,7 @@ from pathlib import Path
 from streams import PROJECT_ROOT
 
 REFERENCE = PROJECT_ROOT / "topologies" / "predictive_maintenance.yaml"
-_TOPIC = re.compile(r"\bpm\.(raw|ingest|features|predictions|actions|dlq|sim)\.([a-z_]+)\b(?!-value)")
+_TOPIC = re.compile(r"\bpm\.(raw|ingest|features|predictions|actions|dlq|sim|monitor)\.([a-z_]+)\b(?!-value)")
 
 
 def isolated_topology(tmp_path: Path, source: Path = REFERENCE) -> tuple[Path, str]:
