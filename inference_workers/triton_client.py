@@ -3,7 +3,9 @@
 ``TritonModel`` checks at ``setup()`` that the model Triton serves has the inputs and outputs the
 worker was written for (the seeds' "service connectivity" step), then runs micro-batches with a
 deadline on every call. Every failure is a :class:`streams.errors.InferenceError` whose message
-says what differed or what did not answer::
+says what differed or what did not answer; when Triton did not answer at all (down, past the
+deadline) it is the subclass :class:`streams.errors.InferenceUnavailableError`, which says "retry
+later, the rows are not at fault"::
 
     model = TritonModel("127.0.0.1:8001", "anomaly", contract=ANOMALY_CONTRACT)
     await model.setup()                      # raises InferenceError on a contract mismatch
@@ -26,12 +28,35 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import InferInput, InferRequestedOutput, model_config_pb2
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype, triton_to_np_dtype
 
-from streams.errors import InferenceError
+from streams.errors import InferenceError, InferenceUnavailableError
 
 LOGGER = logging.getLogger("tangram.inference.triton")
 
 #: Default deadline of one inference call, in seconds.
 DEFAULT_TIMEOUT_S = 2.0
+
+
+def _channel_args() -> list[tuple[str, Any]]:
+    """gRPC channel options: tritonclient's defaults (message sizes, keepalive), reconnect backoff capped at 1 s.
+
+    gRPC's own cap is 120 s: after an outage of a few tens of seconds a client could wait many seconds
+    more before it even tries the restarted server.
+    """
+    from tritonclient.grpc import KeepAliveOptions
+    from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE
+
+    keepalive = KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.min_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,17 +132,17 @@ class TritonModel:
     def _grpc(self) -> grpcclient.InferenceServerClient:
         # Created lazily, inside the running event loop that will use it.
         if self._client is None:
-            self._client = grpcclient.InferenceServerClient(self.url)
+            self._client = grpcclient.InferenceServerClient(self.url, channel_args=_channel_args())
         return self._client
 
     def _error(self, action: str, exc: InferenceServerException) -> InferenceError:
         status = exc.status() or ""
         if "DEADLINE_EXCEEDED" in status:
-            return InferenceError(
+            return InferenceUnavailableError(
                 f"{self._label}: {action} did not answer within {self.timeout_s:g} s (deadline exceeded)"
             )
         if "UNAVAILABLE" in status:
-            return InferenceError(
+            return InferenceUnavailableError(
                 f"{self._label}: Triton is unavailable during {action} ({exc.message()}); "
                 "is the model server running (`tangram up`)?"
             )

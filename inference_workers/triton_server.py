@@ -404,7 +404,9 @@ def serve(args: argparse.Namespace) -> int:
             if _tritonserver_exited(triton):
                 time.sleep(0.5)  # let PyTriton log the server's last lines
                 if starting.is_set():
-                    LOGGER.error("tritonserver exited while starting; see its log above")
+                    running = getattr(getattr(triton, "_triton_server", None), "_tritonserver_running_cmd", None)
+                    LOGGER.error("tritonserver exited while starting (exit code %s); see its log above",
+                                 getattr(running, "exit_code", "unknown"))
                     # PyTriton's stop() would wait for run(), which waits for a dead server.
                     shutil.rmtree(scratch, ignore_errors=True)
                     logging.shutdown()

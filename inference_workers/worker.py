@@ -1,51 +1,100 @@
 """Inference workers (seed node 3): feature micro-batches → Triton → predictions.
 
-One micro-batch from Kafka becomes one numpy matrix and one Triton call (Triton's
-dynamic batcher merges calls from several workers). Rows that cannot be scored
-(undecodable, non-finite features) go to the DLQ; if Triton itself fails, the
-batch is retried with backoff and, past ``max_attempts``, the worker stops
-without committing, so a restart scores the same records again: nothing is lost.
+One micro-batch from Kafka becomes one numpy matrix and one Triton call per model version it is
+routed to (Triton's dynamic batcher merges calls from several workers); the calls of one batch
+run concurrently, each with its deadline. What happens when something fails:
+
+- a row that cannot be decoded or has non-finite features goes to the DLQ at once;
+- Triton down, overloaded or past its deadline (:class:`~streams.errors.InferenceUnavailableError`):
+  the worker raises :class:`~streams.errors.BackpressureError`; the delivery loop pauses the
+  partitions, keeps polling, backs off, asks :meth:`InferenceWorker.ready`, resumes and retries
+  the same records. Nothing is produced or committed meanwhile, so nothing is lost;
+- Triton answers but refuses the batch while the model is ready: the batch is bisected to find
+  the rows it refuses; such a row is retried with the batch (backpressure) and, on its
+  ``max_row_attempts``-th failure, goes to the DLQ with reason ``inference_refused``.
+
+Routing (:mod:`inference_workers.routing`): production and challenger side by side, a canary
+share by a stable hash of the key, or shadow mode where the challenger scores a copy whose
+predictions go to ``shadow_topic`` and are never acted on. Every prediction names the model and
+version that produced it. The routing can change without a restart (``routing_file``): the new
+versions are contract-checked first, the switch happens between two batches, and the clients of
+versions no longer routed are closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 
 import numpy as np
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 
+from inference_workers.routing import ModelTarget, RoutingFile, RoutingPlan, RoutingSettings, VersionRouting
 from inference_workers.triton_client import ModelContract, TensorContract, TritonModel
 from streams.avro import AvroCodec, WireFormatError
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, Output, Processor, Record, carry_headers, dead_letter
-from streams.errors import InferenceError
+from streams.errors import BackpressureError, InferenceError, InferenceUnavailableError, TopologyError
 from streams.features import FEATURE_NAMES
 
 log = logging.getLogger("tangram.inference")
 
 TRITON_SECONDS = Histogram(
-    "tangram_inference_triton_duration_seconds", "Triton round trip of one micro-batch.", ["model"],
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+    "tangram_inference_triton_duration_seconds", "Triton round trip of one call.", ["model", "version"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 BATCH_ROWS = Histogram(
-    "tangram_inference_batch_rows", "Rows per Triton call.", ["model"],
-    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+    "tangram_inference_batch_rows", "Rows per Triton call.", ["model", "version"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
 )
+QUEUE_WAIT = Histogram(
+    "tangram_inference_queue_wait_seconds",
+    "Age of the oldest record of a micro-batch when it is scored (Kafka append time to Triton call).",
+    ["processor"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+ROWS = Counter(
+    "tangram_inference_rows_total", "Rows scored (rate() gives rows/s), by version and route.",
+    ["model", "version", "route"],
+)
+ERRORS = Counter(
+    "tangram_inference_errors_total", "Failed Triton calls and refused rows, by kind.", ["model", "version", "kind"]
+)
+
+#: Route labels of a prediction: acted on (production, canary) or not (shadow).
+ROUTE_PRODUCTION, ROUTE_CANARY, ROUTE_SHADOW = "production", "canary", "shadow"
 
 
 class InferenceSettings(BaseModel):
+    """The ``params`` of an inference processor in a topology."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str = Field("anomaly", description="Triton model name.")
-    model_version: str = Field("1", description="Triton model version the worker calls.")
+    model_version: str = Field("1", description="Production version when `routing` is not given.")
     classes: tuple[str, ...] = Field(("healthy", "bearing_wear", "overheating"), description="Output columns, in order.")
     healthy_class: str = Field("healthy", description="score = 1 - P(healthy_class).")
     timeout_s: float = Field(2.0, gt=0, description="Deadline of each Triton call.")
-    max_attempts: int = Field(5, ge=1, description="Tries per batch before the worker gives up (without committing).")
-    backoff_s: float = Field(0.5, gt=0, description="First retry delay; doubles each try.")
+    max_row_attempts: int = Field(3, ge=1, description="Tries of a row Triton refuses before it goes to the DLQ.")
+    routing: RoutingSettings | None = Field(None, description="Production/challenger versions, canary or shadow.")
+    routing_file: str | None = Field(None, description="JSON RoutingSettings re-read on change (switch without restart).")
+    shadow_topic: str | None = Field(None, description="Where shadow predictions go; one of the processor's outputs.")
+
+    def initial_routing(self) -> RoutingSettings:
+        return self.routing or RoutingSettings(production=self.model_version)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Group:
+    """Rows of one batch sent to one model version."""
+
+    target: ModelTarget
+    rows: np.ndarray  # indices into the batch's scoreable rows
+    route: str
 
 
 class InferenceWorker(Processor):
@@ -54,89 +103,280 @@ class InferenceWorker(Processor):
     name = "inference"
 
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
-                 triton_url: str, settings: InferenceSettings):
+                 triton_url: str, settings: InferenceSettings, shadow_topic: str | None = None):
         self.input_codec = input_codec
         self.output_codec = output_codec
         self.output_topic = output_topic
+        self.shadow_topic = shadow_topic
         self.dlq_topic = dlq_topic
+        self.triton_url = triton_url
         self.settings = settings
-        contract = ModelContract(
+        self.contract = ModelContract(
             input=TensorContract("features", "FP32", (len(FEATURE_NAMES),)),
             output=TensorContract("probabilities", "FP32", (len(settings.classes),)),
         )
-        self.model = TritonModel(triton_url, settings.model, settings.model_version, settings.timeout_s, contract)
+        self.routing = VersionRouting(settings.initial_routing(), settings.model)
+        self.routing_file = RoutingFile(settings.routing_file) if settings.routing_file else None
+        self.models: dict[ModelTarget, TritonModel] = {}
+        self.row_failures: dict[tuple[str, int, int], int] = {}
         self.loop = asyncio.new_event_loop()
 
     @classmethod
     def build(cls, ctx: BuildContext) -> "InferenceWorker":
-        (source,), (output,) = ctx.spec.inputs, ctx.spec.outputs
-        return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(output), output_topic=output,
-                   dlq_topic=ctx.dlq, triton_url=ctx.stack.triton_grpc_url,
-                   settings=InferenceSettings.model_validate(ctx.spec.params))
+        settings = InferenceSettings.model_validate(ctx.spec.params)
+        (source,) = ctx.spec.inputs
+        outputs = list(ctx.spec.outputs)
+        if settings.shadow_topic is not None:
+            if settings.shadow_topic not in outputs:
+                raise TopologyError(f"processor {ctx.name!r}: shadow_topic {settings.shadow_topic!r} "
+                                    f"must be one of its outputs {outputs}")
+            outputs.remove(settings.shadow_topic)
+        if len(outputs) != 1:
+            raise TopologyError(f"processor {ctx.name!r}: expected one predictions output besides the shadow topic, "
+                                f"got {outputs}")
+        return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), output_topic=outputs[0],
+                   dlq_topic=ctx.dlq, triton_url=ctx.stack.triton_grpc_url, settings=settings,
+                   shadow_topic=settings.shadow_topic)
 
+    # -- lifecycle -------------------------------------------------------------------
     def setup(self) -> None:
-        self.loop.run_until_complete(self.model.setup())  # refuses to start on a contract mismatch
+        """Check every routed version against the contract; refuses to start on a mismatch."""
+        if self.routing_file and (settings := self.routing_file.poll()):
+            self.routing.switch(self.routing.candidate(settings))
+        plan = self.routing.plan
+        if plan.shadow and not self.shadow_topic:
+            raise TopologyError(f"processor {self.name!r}: shadow routing needs `shadow_topic` in its params")
+        for target in plan.targets:
+            self.loop.run_until_complete(self._model(target))
+        log.info("%s routing: %s", self.name, plan.describe())
 
+    async def _model(self, target: ModelTarget) -> TritonModel:
+        model = self.models.get(target)
+        if model is None:
+            model = TritonModel(self.triton_url, target.model, target.version, self.settings.timeout_s, self.contract)
+            try:
+                await model.setup()  # InferenceError naming the field that differs
+            except BaseException:
+                await model.close()
+                raise
+            self.models[target] = model
+        return model
+
+    def _refresh_routing(self) -> None:
+        """Switch to the routing file's new settings, once its versions pass the contract check."""
+        if self.routing_file is None or (settings := self.routing_file.poll()) is None:
+            return
+        try:
+            plan = self.routing.candidate(settings)
+            if plan.shadow and not self.shadow_topic:
+                raise TopologyError("shadow routing needs `shadow_topic` in the processor's params")
+            for target in plan.targets:
+                self.loop.run_until_complete(self._model(target))
+        except (InferenceError, TopologyError) as exc:
+            log.error("%s: routing change refused, keeping %s: %s", self.name, self.routing.plan.describe(), exc)
+            return
+        self.routing.switch(plan)
+        for target in [t for t in self.models if t not in plan.targets]:
+            self.loop.run_until_complete(self.models.pop(target).close())
+
+    def ready(self) -> bool:
+        """True when Triton answers and every routed version is ready (each probe has the call deadline)."""
+        plan = self.routing.plan
+
+        async def probe() -> bool:
+            try:
+                models = [await self._model(t) for t in plan.targets]
+            except InferenceError:
+                return False
+            return all(await asyncio.gather(*(m.is_ready() for m in models)))
+
+        return self.loop.run_until_complete(probe())
+
+    def idle(self) -> list[Output]:
+        self._refresh_routing()
+        return []
+
+    def close(self) -> None:
+        for model in self.models.values():
+            self.loop.run_until_complete(model.close())
+        self.models.clear()
+        self.loop.close()
+
+    # -- the work ----------------------------------------------------------------------
     def process(self, batch: list[Record]) -> list[Output]:
+        self._refresh_routing()
         outputs: list[Output] = []
-        rows: list[tuple[Record, dict]] = []
+        records: list[Record] = []
+        windows: list[dict] = []
         for record in batch:
             try:
-                window = self.input_codec.decode(record.value)
+                windows.append(self.input_codec.decode(record.value))
             except WireFormatError as exc:
                 outputs.append(dead_letter(record, self.dlq_topic, self.name, exc, "undecodable"))
                 continue
-            if not all(np.isfinite(window[name]) for name in FEATURE_NAMES):
-                outputs.append(dead_letter(record, self.dlq_topic, self.name, "non-finite feature value", "bad_features"))
-                continue
-            rows.append((record, window))
-        if not rows:
+            records.append(record)
+        if not records:
             return outputs
-        matrix = np.array([[w[name] for name in FEATURE_NAMES] for _, w in rows], dtype=np.float32)
-        probabilities, seconds = self._infer(matrix)
+        matrix = np.array([[w[name] for name in FEATURE_NAMES] for w in windows], dtype=np.float32)
+        finite = np.isfinite(matrix).all(axis=1)
+        if not finite.all():
+            outputs.extend(dead_letter(records[i], self.dlq_topic, self.name, "non-finite feature value", "bad_features")
+                           for i in np.flatnonzero(~finite))
+            records = [r for r, ok in zip(records, finite) if ok]
+            windows = [w for w, ok in zip(windows, finite) if ok]
+            matrix = matrix[finite]
+            if not records:
+                return outputs
+        QUEUE_WAIT.labels(self.name).observe(max(0.0, time.time() - min(r.timestamp_ms for r in records) / 1000))
+        plan = self.routing.plan
+        groups = self._groups(plan, [w["device_id"] for w in windows])
+
+        async def score_all() -> list:
+            return await asyncio.gather(*(self._score(g.target, matrix[g.rows]) for g in groups), return_exceptions=True)
+
+        results = self.loop.run_until_complete(score_all())
+        refused: list[tuple[int, InferenceError]] = []
+        scored: list[tuple[_Group, np.ndarray, dict[int, InferenceError], float]] = []
+        for group, result in zip(groups, results):
+            if isinstance(result, BaseException):
+                if group.route == ROUTE_SHADOW and isinstance(result, InferenceError):
+                    log.warning("%s: shadow %s skipped for %d rows: %s", self.name, group.target, len(group.rows), result)
+                    continue  # shadow outputs are never acted on: they never hold production back
+                if isinstance(result, InferenceUnavailableError):
+                    raise BackpressureError(f"{self.name}: {result}") from result
+                raise result
+            probabilities, bad, seconds = result
+            scored.append((group, probabilities, bad, seconds))
+            if group.route != ROUTE_SHADOW:
+                refused.extend((int(group.rows[i]), exc) for i, exc in bad.items())
+        dead = self._refused_rows(records, refused)
+        outputs.extend(dead_letter(records[i], self.dlq_topic, self.name, exc, "inference_refused")
+                       for i, exc in dead.items())
+        for group, probabilities, bad, seconds in scored:
+            topic = self.shadow_topic if group.route == ROUTE_SHADOW else self.output_topic
+            before = len(outputs)
+            outputs.extend(self._predictions([records[i] for i in group.rows], [windows[i] for i in group.rows],
+                                             probabilities, set(bad), group.target, seconds, topic))
+            ROWS.labels(group.target.model, group.target.version, group.route).inc(len(outputs) - before)
+        return outputs
+
+    def _groups(self, plan: RoutingPlan, keys: Sequence[str]) -> list[_Group]:
+        everyone = np.arange(len(keys))
+        if plan.challenger is None:
+            return [_Group(plan.production, everyone, ROUTE_PRODUCTION)]
+        if plan.shadow:
+            return [_Group(plan.production, everyone, ROUTE_PRODUCTION), _Group(plan.challenger, everyone, ROUTE_SHADOW)]
+        canary = plan.canary_mask(keys)
+        groups = [_Group(plan.production, everyone[~canary], ROUTE_PRODUCTION),
+                  _Group(plan.challenger, everyone[canary], ROUTE_CANARY)]
+        return [g for g in groups if len(g.rows)]
+
+    def _refused_rows(self, records: list[Record], refused: list[tuple[int, InferenceError]]) -> dict[int, InferenceError]:
+        """Count each refusal; rows refused ``max_row_attempts`` times are returned (for the DLQ).
+
+        Rows refused fewer times hold the batch back: it is retried after a backoff.
+        """
+        if not refused:
+            return {}
+        limit = self.settings.max_row_attempts
+        retry: list[str] = []
+        for i, _ in refused:
+            record = records[i]
+            key = (record.topic, record.partition, record.offset)
+            tries = self.row_failures[key] = self.row_failures.get(key, 0) + 1
+            if tries < limit:
+                retry.append(f"{record.where} (try {tries}/{limit})")
+        if retry:
+            raise BackpressureError(f"{self.name}: Triton refused rows {', '.join(retry[:5])}; the batch is retried")
+        dead: dict[int, InferenceError] = {}
+        for i, exc in refused:
+            record = records[i]
+            self.row_failures.pop((record.topic, record.partition, record.offset), None)
+            dead[i] = exc
+            log.error("%s: %s refused by Triton %d times, to the DLQ: %s", self.name, record.where, limit, exc)
+        return dead
+
+    async def _score(self, target: ModelTarget, matrix: np.ndarray) -> tuple[np.ndarray, dict[int, InferenceError], float]:
+        """Probabilities for ``matrix`` (rows Triton refuses are zero and listed with their error), and seconds."""
+        model = await self._model(target)
+        started = time.perf_counter()
+        try:
+            probabilities = await self._call(model, target, matrix)
+            return probabilities, {}, time.perf_counter() - started
+        except InferenceUnavailableError:
+            raise
+        except InferenceError as exc:
+            if not await model.is_ready():
+                raise InferenceUnavailableError(f"{target} is not ready: {exc}") from exc
+            first_error = exc
+        # Triton is up and refuses this batch: find the rows it refuses by bisection.
+        probabilities = np.zeros((len(matrix), len(self.settings.classes)), dtype=np.float32)
+        bad: dict[int, InferenceError] = {}
+
+        async def bisect(lo: int, hi: int, known: InferenceError | None) -> None:
+            error = known
+            if error is None:
+                try:
+                    probabilities[lo:hi] = await self._call(model, target, matrix[lo:hi])
+                    return
+                except InferenceUnavailableError:
+                    raise
+                except InferenceError as exc:
+                    error = exc
+            if hi - lo == 1:
+                ERRORS.labels(target.model, target.version, "refused_row").inc()
+                bad[lo] = error
+                return
+            mid = (lo + hi) // 2
+            await bisect(lo, mid, None)
+            await bisect(mid, hi, None)
+
+        await bisect(0, len(matrix), first_error)
+        return probabilities, bad, time.perf_counter() - started
+
+    async def _call(self, model: TritonModel, target: ModelTarget, matrix: np.ndarray) -> np.ndarray:
+        started = time.perf_counter()
+        try:
+            result = await model.infer(matrix)
+        except InferenceUnavailableError:
+            ERRORS.labels(target.model, target.version, "unavailable").inc()
+            raise
+        except InferenceError:
+            ERRORS.labels(target.model, target.version, "refused").inc()
+            raise
+        TRITON_SECONDS.labels(target.model, target.version).observe(time.perf_counter() - started)
+        BATCH_ROWS.labels(target.model, target.version).observe(len(matrix))
+        return result
+
+    def _predictions(self, records: list[Record], windows: list[dict], probabilities: np.ndarray, skip: set[int],
+                     target: ModelTarget, seconds: float, topic: str) -> list[Output]:
+        """One prediction per row (rows in ``skip`` were refused), label and scores computed column-wise."""
         s = self.settings
-        healthy = s.classes.index(s.healthy_class)
-        for (record, window), p in zip(rows, probabilities):
-            k = int(np.argmax(p))
+        best = probabilities.argmax(axis=1).tolist()
+        confidence = probabilities.max(axis=1).tolist()
+        score = (1.0 - probabilities[:, s.classes.index(s.healthy_class)]).tolist()
+        rows = probabilities.tolist()
+        inference_ms = seconds * 1000
+        outputs = []
+        for j, (record, window) in enumerate(zip(records, windows)):
+            if j in skip:
+                continue
             device = window["device_id"]
+            event_id = f"{target.model}:{target.version}:{device}:{window['window_start']}"
             prediction = {
-                "event_id": f"{s.model}:{s.model_version}:{device}:{window['window_start']}",
+                "event_id": event_id,
                 "device_id": device,
                 "window_start": window["window_start"],
                 "window_end": window["window_end"],
-                "score": float(1.0 - p[healthy]),
-                "label": s.classes[k],
-                "confidence": float(p[k]),
-                "probabilities": {c: float(v) for c, v in zip(s.classes, p)},
-                "model_name": s.model,
-                "model_version": s.model_version,
-                "inference_ms": seconds * 1000,
+                "score": score[j],
+                "label": s.classes[best[j]],
+                "confidence": confidence[j],
+                "probabilities": dict(zip(s.classes, rows[j])),
+                "model_name": target.model,
+                "model_version": target.version,
+                "inference_ms": inference_ms,
                 "trace_id": record.header("trace_id"),
             }
-            headers = carry_headers(record, **{H_EVENT_ID: prediction["event_id"]})
-            outputs.append(Output(self.output_topic, device, self.output_codec.encode(prediction), headers))
+            headers = carry_headers(record, **{H_EVENT_ID: event_id})
+            outputs.append(Output(topic, device, self.output_codec.encode(prediction), headers))
         return outputs
-
-    def _infer(self, matrix: np.ndarray) -> tuple[np.ndarray, float]:
-        s = self.settings
-        for attempt in range(1, s.max_attempts + 1):
-            started = time.perf_counter()
-            try:
-                result = self.loop.run_until_complete(self.model.infer(matrix))
-            except InferenceError as exc:
-                if attempt == s.max_attempts:
-                    raise
-                delay = s.backoff_s * 2 ** (attempt - 1)
-                log.warning("inference of %d rows failed (try %d/%d), retrying in %.1fs: %s",
-                            len(matrix), attempt, s.max_attempts, delay, exc)
-                time.sleep(delay)
-                continue
-            seconds = time.perf_counter() - started
-            TRITON_SECONDS.labels(s.model).observe(seconds)
-            BATCH_ROWS.labels(s.model).observe(len(matrix))
-            return result, seconds
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.model.close())
-        self.loop.close()

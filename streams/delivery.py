@@ -16,11 +16,23 @@ Exactly-once (``exactly_once: true`` in the topology)
 A record that cannot be processed is never dropped and never blocks its
 partition: the processor turns it into a dead letter (``dead_letter``) carrying
 the original bytes and the reason in its headers, delivered like any output.
+
+Backpressure
+    a processor that cannot make progress now (a service it needs is slow or
+    down) raises :class:`~streams.errors.BackpressureError` from ``process``.
+    Nothing of that batch is produced or committed: the loop pauses every
+    assigned partition, seeks each partition of the batch back to its first
+    offset (the uncommitted position), and keeps polling (polls return nothing
+    while paused, so ``max.poll.interval.ms`` is never exceeded and the group
+    never rebalances) while it backs off exponentially and asks the processor
+    whether it is ``ready()``. Then it resumes, reads the same records again and
+    retries them. Works the same in both delivery modes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -30,9 +42,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
-from streams.errors import DeliveryError
+from streams.errors import BackpressureError, DeliveryError
 
 log = logging.getLogger("tangram.delivery")
 
@@ -45,6 +57,14 @@ BATCH_SECONDS = Histogram(
     ["processor"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+BACKPRESSURE = Counter(
+    "tangram_processor_backpressure_total", "Batches put back because the processor could not make progress.",
+    ["processor"],
+)
+PAUSED_SECONDS = Counter(
+    "tangram_processor_paused_seconds_total", "Time spent with every partition paused (backpressure).", ["processor"]
+)
+PAUSED = Gauge("tangram_processor_paused", "1 while the processor's partitions are paused (backpressure).", ["processor"])
 
 #: Header names carried by every record (DESIGN.md, "Contracts and wire format").
 H_EVENT_ID = "event_id"
@@ -151,6 +171,10 @@ class Processor(ABC):
         """Called when a poll returned nothing; may emit outputs (timers)."""
         return []
 
+    def ready(self) -> bool:
+        """After a :class:`BackpressureError`: can the processor make progress again? Must answer within seconds."""
+        return True
+
     def close(self) -> None:
         """Release connections."""
 
@@ -165,6 +189,16 @@ class RunnerConfig:
     exactly_once: bool = False
     delivery_timeout_s: float = 30.0
     client_id: str = ""
+    backoff_initial_s: float = 0.25  # first pause after a BackpressureError; doubles up to backoff_max_s
+    backoff_max_s: float = 5.0
+    max_poll_interval_ms: int = 300_000
+    session_timeout_ms: int = 10_000  # a killed member's partitions move to a live one within ~10 s
+    #: Static group membership (KIP-345): a member restarted with the same id takes its partitions
+    #: back without a rebalance, and, in exactly-once mode, its transactional id fences and aborts
+    #: the dead instance's open transaction at once. Defaults to $TANGRAM_GROUP_INSTANCE_ID.
+    group_instance_id: str = field(default_factory=lambda: os.environ.get("TANGRAM_GROUP_INSTANCE_ID", ""))
+    #: Exactly-once: the broker aborts a transaction left open this long (Kafka Streams' default).
+    transaction_timeout_s: float = 10.0
 
 
 class Runner:
@@ -186,7 +220,9 @@ class Runner:
                 "auto.offset.reset": "earliest",
                 "isolation.level": "read_committed",
                 "partition.assignment.strategy": "cooperative-sticky",
-                "max.poll.interval.ms": 300_000,
+                "max.poll.interval.ms": config.max_poll_interval_ms,
+                "session.timeout.ms": config.session_timeout_ms,
+                **({"group.instance.id": config.group_instance_id} if config.group_instance_id else {}),
             }
         )
         producer_conf = {
@@ -199,10 +235,20 @@ class Runner:
             "delivery.timeout.ms": int(config.delivery_timeout_s * 1000),
         }
         if config.exactly_once:
-            producer_conf["transactional.id"] = f"{config.group_id}-{client_id}"
+            producer_conf["transactional.id"] = f"{config.group_id}-{config.group_instance_id or client_id}"
+            producer_conf["transaction.timeout.ms"] = int(config.transaction_timeout_s * 1000)
+            # librdkafka: a message may not outlive the transaction it belongs to.
+            producer_conf["delivery.timeout.ms"] = min(producer_conf["delivery.timeout.ms"],
+                                                       producer_conf["transaction.timeout.ms"])
         self.producer = Producer(producer_conf)
         self._failures: list[str] = []
         self._acked: dict[str, int] = {}
+        self._backoff_s = config.backoff_initial_s
+        #: Partition assignments received (one per rebalance this member took part in).
+        self.assignments = 0
+        #: Batches put back after a BackpressureError, and seconds spent paused.
+        self.backpressure_events = 0
+        self.paused_s = 0.0
 
     # -- lifecycle -----------------------------------------------------------------
     def stop(self, *_: object) -> None:
@@ -217,7 +263,8 @@ class Runner:
         self.processor.setup()
         if cfg.exactly_once:
             self.producer.init_transactions(cfg.delivery_timeout_s)
-        self.consumer.subscribe(list(cfg.inputs), on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self.consumer.subscribe(list(cfg.inputs), on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_revoke)
         self.log.info("%s consuming %s as group %s (%s)", self.processor.name, ",".join(cfg.inputs), cfg.group_id,
                       "exactly-once" if cfg.exactly_once else "at-least-once")
         batches = 0
@@ -230,8 +277,13 @@ class Runner:
                         self._deliver(outputs, offsets=[])
                     continue
                 started = time.perf_counter()
+                try:
+                    outputs = self.processor.process(records)
+                except BackpressureError as exc:
+                    self._back_off(records, exc)
+                    continue
+                self._backoff_s = cfg.backoff_initial_s
                 RECORDS_IN.labels(self.processor.name).inc(len(records))
-                outputs = self.processor.process(records)
                 self._deliver(outputs, offsets=self._positions(records))
                 BATCH_SECONDS.labels(self.processor.name).observe(time.perf_counter() - started)
                 batches += 1
@@ -245,6 +297,76 @@ class Runner:
             self.producer.flush(self.config.delivery_timeout_s)
             self.consumer.close()
             self.log.info("%s stopped", self.processor.name)
+
+    # -- backpressure ------------------------------------------------------------------
+    def _back_off(self, records: list[Record], reason: BackpressureError) -> None:
+        """Put ``records`` back, pause, poll while backing off until the processor is ready, resume.
+
+        Nothing of the batch was produced or committed. Each partition of the batch is sought
+        back to the batch's first offset in it, so that after ``resume`` the same records are
+        read again. Records a poll returns while paused (a partition assigned meanwhile) are put
+        back the same way. Polling goes on throughout, so the member stays in its group.
+        """
+        name = self.processor.name
+        self.backpressure_events += 1
+        BACKPRESSURE.labels(name).inc()
+        first: dict[tuple[str, int], int] = {}
+        for r in records:
+            first[(r.topic, r.partition)] = min(first.get((r.topic, r.partition), r.offset), r.offset)
+        self.consumer.pause(self.consumer.assignment())
+        PAUSED.labels(name).set(1)
+        self._rewind(first)
+        delay = self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, self.config.backoff_max_s)
+        self.log.warning("%s cannot make progress, %d records put back (%s); paused, retrying in %.2fs: %s",
+                         name, len(records), ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(first.items())),
+                         delay, reason)
+        started = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                self._poll_paused(time.monotonic() + delay, first)
+                if self._stop.is_set() or self.processor.ready():
+                    break
+                delay = self._backoff_s
+                self._backoff_s = min(self._backoff_s * 2, self.config.backoff_max_s)
+                self.log.info("%s still not ready after %.1fs paused; next check in %.2fs",
+                              name, time.monotonic() - started, delay)
+        finally:
+            paused = time.monotonic() - started
+            self.paused_s += paused
+            PAUSED_SECONDS.labels(name).inc(paused)
+            PAUSED.labels(name).set(0)
+            self.consumer.resume(self.consumer.assignment())
+        self.log.info("%s resumed after %.2fs paused", name, paused)
+
+    def _poll_paused(self, until: float, first: dict[tuple[str, int], int]) -> None:
+        """Poll until ``until`` (monotonic) with every partition paused; put back anything a poll returns.
+
+        ``first`` is where each partition was sought back to; a message at or past it will be read
+        again anyway, one before it (a partition assigned while paused) moves the rewind point back.
+        """
+        while (left := until - time.monotonic()) > 0 and not self._stop.is_set():
+            messages = self.consumer.consume(self.config.batch_size, min(left, 0.2))
+            stray: dict[tuple[str, int], int] = {}
+            for m in messages:
+                if not self._usable(m):
+                    continue
+                key = (m.topic(), m.partition())
+                if m.offset() < first.get(key, m.offset() + 1):
+                    stray[key] = min(stray.get(key, m.offset()), m.offset())
+            if stray:
+                first.update(stray)
+                self.consumer.pause([TopicPartition(t, p) for t, p in stray])
+                self._rewind(stray)
+
+    def _rewind(self, first: Mapping[tuple[str, int], int]) -> None:
+        """Seek each partition back to ``first[partition]``; a partition no longer assigned is skipped."""
+        assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        for (topic, partition), offset in first.items():
+            if (topic, partition) not in assigned:
+                continue  # revoked meanwhile: its new owner reads from the committed offset
+            # A failed seek raises: the processor stops without committing, a restart re-reads.
+            self.consumer.seek(TopicPartition(topic, partition, offset))
 
     # -- the guarantee ---------------------------------------------------------------
     def _deliver(self, outputs: list[Output], offsets: list[TopicPartition]) -> None:
@@ -310,6 +432,10 @@ class Runner:
             raise KafkaException(err)
         self.log.warning("consumer error: %s", err.str())
         return False
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assignments += 1
+        self.log.info("partitions assigned: %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions) or "none")
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.log.info("partitions revoked: %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))

@@ -1,0 +1,258 @@
+"""Inference benchmark: the worker (Kafka in → Triton → predictions out) against its baselines, in one run.
+
+For each batch size of the sweep, the same feature rows go through three paths:
+
+1. **worker**: DeviceWindow records on a Kafka topic, consumed by the real ``InferenceWorker`` inside
+   the real delivery loop (``streams.delivery.Runner``, at-least-once): decode, one Triton call per
+   micro-batch, encode, produce, wait for the broker's acks, commit;
+2. **triton**: the same matrices sent to the same Triton with tritonclient's gRPC client, one call
+   per batch, one after the other (what the worker does for its Triton call, without Kafka);
+3. **onnxruntime**: the same matrices through an onnxruntime session of the same ONNX file, in
+   this process (no server at all).
+
+It prints rows/s for each path, the worker's ratio to both baselines, and per-batch latency p50/p99
+(worker: from ``process()`` being called to the broker acknowledging the batch's predictions;
+triton and onnxruntime: one call). It needs a running stack (``tangram up``; every address comes
+from the ``TANGRAM_*`` settings) and creates its own topics. Not a test: figures, not assertions::
+
+    .venv/bin/python benchmarks/bench_inference.py --sizes 1,16,64,256,1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import tritonclient.grpc as grpcclient
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from inference_workers.worker import InferenceSettings, InferenceWorker  # noqa: E402
+from streams.avro import codec  # noqa: E402
+from streams.delivery import Output, Processor, Record, Runner, RunnerConfig  # noqa: E402
+from streams.features import FEATURE_NAMES  # noqa: E402
+from streams.settings import StackSettings  # noqa: E402
+from streams.topology import load_schema  # noqa: E402
+
+WINDOW_SUBJECT, PREDICTION_SUBJECT = "pm.features.device_window-value", "pm.predictions.anomaly-value"
+
+
+@dataclass
+class Result:
+    rows: int
+    seconds: float
+    latencies_s: list[float]
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies_s, q)) * 1000 if self.latencies_s else math.nan
+
+
+class Timed(Processor):
+    """Wraps the worker: times each batch from process() to flush() (outputs acknowledged); stops at ``rows``."""
+
+    def __init__(self, inner: InferenceWorker, rows: int):
+        self.inner, self.rows, self.name = inner, rows, inner.name
+        self.done = 0
+        self.first_started: float | None = None
+        self.last_flushed = 0.0
+        self.latencies: list[float] = []
+        self._started = 0.0
+        self.runner: Runner | None = None
+
+    def setup(self) -> None:
+        self.inner.setup()
+
+    def process(self, batch: list[Record]) -> list[Output]:
+        self._started = time.perf_counter()
+        if self.first_started is None:
+            self.first_started = self._started
+        self.done += len(batch)
+        return self.inner.process(batch)
+
+    def flush(self) -> None:
+        self.last_flushed = time.perf_counter()
+        self.latencies.append(self.last_flushed - self._started)
+        if self.done >= self.rows and self.runner is not None:
+            self.runner.stop()
+
+    def ready(self) -> bool:
+        return self.inner.ready()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def feature_rows(n: int, seed: int = 1) -> np.ndarray:
+    """Plausible window features (healthy machines around their operating point)."""
+    rng = np.random.default_rng(seed)
+    means = {"temperature": 60.0, "vibration": 2.0, "current": 12.0, "pressure": 5.0, "rpm": 1500.0}
+    columns = []
+    for name in FEATURE_NAMES:
+        sensor, _, stat = name.partition("_")
+        base = means.get(sensor, 0.1)
+        scale = {"mean": 1.0, "min": 0.9, "max": 1.1, "std": 0.02, "ptp": 0.1}.get(stat, 1.0)
+        columns.append(np.abs(rng.normal(base * scale, base * 0.02 + 1e-3, n)))
+    matrix = np.stack(columns, axis=1).astype(np.float32)
+    matrix[:, FEATURE_NAMES.index("missing_rate")] = 0.0
+    matrix[:, FEATURE_NAMES.index("vibration_band_energy")] = rng.uniform(0.05, 0.2, n)
+    return matrix
+
+
+def produce(stack: StackSettings, topic: str, matrix: np.ndarray) -> None:
+    encode = codec(stack.registry_url, WINDOW_SUBJECT, load_schema(WINDOW_SUBJECT), register=True).encode
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "linger.ms": 20,
+                         "compression.type": "lz4"})
+    for i, row in enumerate(matrix):
+        device = f"dev-{i % 500:04d}"
+        window = {"device_id": device, "window_start": i * 5000, "window_end": i * 5000 + 5000, "count": 50,
+                  **{name: float(v) for name, v in zip(FEATURE_NAMES, row)}}
+        while True:
+            try:
+                producer.produce(topic, encode(window), device, headers={"event_id": f"{device}:{i}"})
+                break
+            except BufferError:
+                producer.poll(0.1)
+    assert producer.flush(60) == 0, "benchmark input not acknowledged"
+
+
+def run_worker(stack: StackSettings, topics: dict[str, str], size: int, rows: int, model: str, version: str) -> Result:
+    worker = InferenceWorker(
+        input_codec=codec(stack.registry_url, WINDOW_SUBJECT, load_schema(WINDOW_SUBJECT)),
+        output_codec=codec(stack.registry_url, PREDICTION_SUBJECT, load_schema(PREDICTION_SUBJECT), register=True),
+        output_topic=topics["out"], dlq_topic=topics["dlq"], triton_url=stack.triton_grpc_url,
+        settings=InferenceSettings(model=model, model_version=version, timeout_s=10.0),
+    )
+    timed = Timed(worker, rows)
+    runner = Runner(timed, RunnerConfig(bootstrap_servers=stack.bootstrap_servers, group_id=f"bench-{uuid.uuid4().hex}",
+                                        inputs=(topics["in"],), batch_size=size, max_wait_ms=500))
+    timed.runner = runner
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    thread.join(600)
+    if thread.is_alive():
+        runner.stop()
+        thread.join(60)
+        raise RuntimeError(f"worker did not finish {rows} rows at batch size {size} within 600 s")
+    assert timed.first_started is not None
+    return Result(timed.done, timed.last_flushed - timed.first_started, timed.latencies)
+
+
+def run_triton(stack: StackSettings, batches: list[np.ndarray], model: str, version: str) -> Result:
+    client = grpcclient.InferenceServerClient(stack.triton_grpc_url)
+    latencies = []
+    try:
+        for batch in batches[:2]:  # warm-up
+            _infer(client, batch, model, version)
+        started = time.perf_counter()
+        for batch in batches:
+            t0 = time.perf_counter()
+            _infer(client, batch, model, version)
+            latencies.append(time.perf_counter() - t0)
+        return Result(sum(len(b) for b in batches), time.perf_counter() - started, latencies)
+    finally:
+        client.close()
+
+
+def _infer(client: grpcclient.InferenceServerClient, batch: np.ndarray, model: str, version: str) -> np.ndarray:
+    tensor = grpcclient.InferInput("features", list(batch.shape), "FP32")
+    tensor.set_data_from_numpy(batch)
+    result = client.infer(model, [tensor], model_version=version,
+                          outputs=[grpcclient.InferRequestedOutput("probabilities")], client_timeout=10.0)
+    return result.as_numpy("probabilities")
+
+
+def run_onnxruntime(model_path: Path, batches: list[np.ndarray]) -> Result:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # as the local Triton runs it
+    session = ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
+    for batch in batches[:2]:
+        session.run(["probabilities"], {"features": batch})
+    latencies = []
+    started = time.perf_counter()
+    for batch in batches:
+        t0 = time.perf_counter()
+        session.run(["probabilities"], {"features": batch})
+        latencies.append(time.perf_counter() - t0)
+    return Result(sum(len(b) for b in batches), time.perf_counter() - started, latencies)
+
+
+def create_topics(stack: StackSettings, prefix: str) -> dict[str, str]:
+    topics = {"in": f"{prefix}.features.device_window", "out": f"{prefix}.predictions.anomaly",
+              "dlq": f"{prefix}.dlq.inference"}
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(t, num_partitions=3, replication_factor=1)
+                                       for t in topics.values()], operation_timeout=30).values():
+        future.result(timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # wait for the leaders
+        metadata = admin.list_topics(timeout=10)
+        if all(t in metadata.topics and all(p.leader >= 0 for p in metadata.topics[t].partitions.values())
+               for t in topics.values()):
+            break
+        time.sleep(0.2)
+    return topics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,4,16,64,256,1024", help="batch sizes of the sweep")
+    parser.add_argument("--rows", type=int, default=20_000, help="most rows per batch size")
+    parser.add_argument("--batches", type=int, default=200, help="most batches per batch size (worker)")
+    parser.add_argument("--model", default="anomaly")
+    parser.add_argument("--version", default="1")
+    args = parser.parse_args(argv)
+    stack = StackSettings()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    model_path = stack.model_repository / args.model / args.version / "model.onnx"
+    plan = {size: min(args.rows, size * args.batches) for size in sizes}
+    total = sum(plan.values())
+    data = feature_rows(total)
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    print(f"stack: kafka {stack.bootstrap_servers}, triton {stack.triton_grpc_url}, model {args.model}:{args.version}")
+    results = []
+    offset = 0
+    for size in sizes:
+        rows = plan[size]
+        matrix = data[offset:offset + rows]
+        offset += rows
+        batches = [matrix[i:i + size] for i in range(0, rows, size)]
+        own = create_topics(stack, f"{prefix}b{size}")
+        produce(stack, own["in"], matrix)
+        worker = run_worker(stack, own, size, rows, args.model, args.version)
+        triton = run_triton(stack, batches, args.model, args.version)
+        onnx = run_onnxruntime(model_path, batches)
+        results.append((size, rows, worker, triton, onnx))
+        print(f"  batch {size:>5}: {rows} rows done", flush=True)
+
+    header = (f"{'batch':>6} {'rows':>6} | {'worker rows/s':>13} {'triton rows/s':>13} {'ort rows/s':>11} | "
+              f"{'w/triton':>8} {'w/ort':>7} | {'worker p50/p99 ms':>18} {'triton p50/p99 ms':>18} {'ort p50/p99 ms':>15}")
+    print()
+    print(header)
+    print("-" * len(header))
+    for size, rows, worker, triton, onnx in results:
+        print(f"{size:>6} {rows:>6} | {worker.rows_per_s:>13,.0f} {triton.rows_per_s:>13,.0f} {onnx.rows_per_s:>11,.0f} | "
+              f"{worker.rows_per_s / triton.rows_per_s:>8.2f} {worker.rows_per_s / onnx.rows_per_s:>7.3f} | "
+              f"{worker.percentile(50):>8.2f}/{worker.percentile(99):>8.2f} "
+              f"{triton.percentile(50):>8.2f}/{triton.percentile(99):>8.2f} "
+              f"{onnx.percentile(50):>6.3f}/{onnx.percentile(99):>7.3f}")
+    print("\nworker: consume + decode + Triton + encode + produce + broker acks + commit (at-least-once), "
+          "one batch at a time; its latency runs from process() to the acks (the commit follows).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,394 @@
+"""Inference workers on the real Kafka and a real Triton: kill -9, Triton down, Triton hanging, routing.
+
+These tests run their own Triton (``python -m inference_workers.triton_server`` on ports
+28010-28012, shifted by TANGRAM_TEST_PORT_OFFSET: below the kernel's ephemeral range, where a client
+connection's local port could take one of them) so that they can stop, freeze and restart it without disturbing the session stack's.
+Its repository holds the project's trained ``anomaly`` model (version 1) and a second model trained
+with another seed, served as ``anomaly_b`` (the CPU Triton that PyTriton ships serves one version
+per model name; NVIDIA's Triton serves both as versions of one name, see docs/inference.md).
+Kafka and the schema registry are the session stack's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from inference_workers.routing import key_bucket
+from inference_workers.train import train
+from streams import PROJECT_ROOT
+from streams.avro import codec
+from streams.delivery import Runner, RunnerConfig
+from streams.features import FEATURE_NAMES
+from streams.plan import apply
+from streams.run import build_processor
+from streams.settings import StackSettings
+from streams.topology import Topology, load_schema, load_topology
+
+from conftest import stack_env
+from isolation import isolated_topology
+from test_delivery import read_all, wait_for_count
+
+pytestmark = pytest.mark.integration
+
+HOST = "127.0.0.1"
+_OFFSET = int(os.environ.get("TANGRAM_TEST_PORT_OFFSET", "0"))
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 28010 + _OFFSET, 28011 + _OFFSET, 28012 + _OFFSET
+REPOSITORY = PROJECT_ROOT / "inference_workers" / "model_repository"
+START_TIMEOUT_S = 120.0
+
+
+class TritonProcess:
+    """A private local Triton that a test may stop, restart, freeze (SIGSTOP) and thaw."""
+
+    def __init__(self, repository: Path, log: Path):
+        self.repository = repository
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{HTTP_PORT}/v2/health/ready", timeout=1.0) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start(self, tries: int = 3) -> float:
+        """Start and wait until ready. PyTriton's tritonserver sometimes dies while loading the models
+        (exit code in the log); such a start is retried, up to ``tries`` starts in all."""
+        started = time.monotonic()
+        for attempt in range(1, tries + 1):
+            if self._start_once():
+                return time.monotonic() - started
+            print(f"\nprivate Triton died while starting (start {attempt}/{tries}), retrying")
+            time.sleep(2.0)  # let the dead one's children release the ports
+        pytest.fail(f"Triton did not start in {tries} tries:\n{self.log.read_text()[-3000:]}")
+
+    def _start_once(self) -> bool:
+        started = time.monotonic()
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [str(StackSettings().triton_python), "-m", "inference_workers.triton_server",
+                 "--model-repository", str(self.repository), "--host", HOST, "--http-port", str(HTTP_PORT),
+                 "--grpc-port", str(GRPC_PORT), "--metrics-port", str(METRICS_PORT)],
+                cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        while not self.ready():
+            if self.process.poll() is not None:
+                return False
+            if time.monotonic() - started > START_TIMEOUT_S:
+                pytest.fail(f"Triton not ready within {START_TIMEOUT_S:.0f}s:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.1)
+        return True
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.thaw()
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def _servers(self) -> list[int]:
+        assert self.process is not None
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    stat = (entry / "stat").read_text()
+                    if int(stat[stat.rfind(")") + 2:].split()[3]) == self.process.pid and \
+                            (entry / "exe").resolve().name == "tritonserver":
+                        pids.append(int(entry.name))
+                except (OSError, ValueError):
+                    continue
+        return pids
+
+    def freeze(self) -> None:
+        """SIGSTOP the tritonserver process: connections stay open, nothing answers."""
+        servers = self._servers()
+        assert servers, "no tritonserver process to freeze"
+        for pid in servers:
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in self._servers():
+            os.kill(pid, signal.SIGCONT)
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonProcess]:
+    root = tmp_path_factory.mktemp("worker-triton")
+    production = REPOSITORY / "anomaly" / "1" / "model.onnx"
+    if not production.is_file():
+        pytest.fail(f"{production} is missing: run `tangram model train` (make model)")
+    repository = root / "repository"
+    (repository / "anomaly" / "1").mkdir(parents=True)
+    shutil.copy(REPOSITORY / "anomaly" / "config.pbtxt", repository / "anomaly" / "config.pbtxt")
+    shutil.copy(production, repository / "anomaly" / "1" / "model.onnx")
+    # The challenger: the same training script, another seed (different weights).
+    train(root / "trained", seed=7, n_devices=120, seconds=120.0, version=2)
+    (repository / "anomaly_b" / "1").mkdir(parents=True)
+    config = (REPOSITORY / "anomaly" / "config.pbtxt").read_text().replace('name: "anomaly"', 'name: "anomaly_b"')
+    (repository / "anomaly_b" / "config.pbtxt").write_text(config)
+    shutil.copy(root / "trained" / "anomaly" / "2" / "model.onnx", repository / "anomaly_b" / "1" / "model.onnx")
+    server = TritonProcess(repository, root / "triton.log")
+    try:
+        print(f"\nprivate Triton ready in {server.start():.1f}s")
+        yield server
+    finally:
+        server.stop()
+
+
+def own_triton(stack: StackSettings) -> StackSettings:
+    return stack.model_copy(update={"triton_grpc_port": GRPC_PORT})
+
+
+def worker_topology(tmp_path: Path, stack: StackSettings, *, exactly_once: bool = False, batch_size: int = 64,
+                    params: dict | None = None, shadow: bool = False) -> tuple[Topology, Path, str]:
+    """An isolated copy of the reference topology with the inference processor adjusted."""
+    path, prefix = isolated_topology(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    inference = raw["processors"]["inference"]
+    inference.update(exactly_once=exactly_once, batch_size=batch_size, max_wait_ms=20)
+    inference["params"].update(params or {})
+    if shadow:
+        shadow_topic = f"{prefix}.predictions.anomaly_shadow"
+        raw["topics"][shadow_topic] = {"schema": "pm.predictions.anomaly-value"}
+        inference["outputs"].append(shadow_topic)
+        inference["params"]["shadow_topic"] = shadow_topic
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    topology = load_topology(path)
+    apply(topology, stack)
+    return topology, path, prefix
+
+
+def window(device: str, start: int) -> dict:
+    values = {name: 1.0 for name in FEATURE_NAMES}
+    values.update(missing_rate=0.0, temperature_mean=60.0, vibration_mean=2.0, current_mean=12.0,
+                  pressure_mean=5.0, rpm_mean=1500.0)
+    return {"device_id": device, "window_start": start, "window_end": start + 5000, "count": 50, **values}
+
+
+def produce_windows(stack: StackSettings, topic: str, count: int, *, devices: int = 50, rate: float | None = None,
+                    stop: threading.Event | None = None, start_ms: int = 0) -> list[tuple[str, int]]:
+    """Produce ``count`` windows (``rate`` per second if given); returns their (device, window_start)."""
+    encode = codec(stack.registry_url, "pm.features.device_window-value",
+                   load_schema("pm.features.device_window-value")).encode
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "linger.ms": 5})
+    sent = []
+    began = time.monotonic()
+    for i in range(count):
+        if stop is not None and stop.is_set():
+            break
+        device, start = f"dev-{i % devices:04d}", start_ms + (i // devices) * 5000
+        producer.produce(topic, encode(window(device, start)), device,
+                         headers={"event_id": f"{device}:{start}", "trace_id": uuid.uuid4().hex})
+        sent.append((device, start))
+        if rate:
+            producer.poll(0)
+            time.sleep(max(0.0, began + (i + 1) / rate - time.monotonic()))
+    assert producer.flush(30) == 0
+    return sent
+
+
+def predictions(stack: StackSettings, topic: str) -> list[tuple[str, str, int]]:
+    """(version "model:version", device, window_start) of every committed prediction on ``topic``."""
+    out = []
+    for message in read_all(stack, topic, 3):
+        model, version, device, start = dict(message.headers())["event_id"].decode().rsplit(":", 3)
+        out.append((f"{model}:{version}", device, int(start)))
+    return out
+
+
+def wait_scored(stack: StackSettings, topic: str, sent: list[tuple[str, int]],
+                timeout_s: float = 120.0) -> list[tuple[str, str, int]]:
+    """Read ``topic`` (read_committed) until every window of ``sent`` is scored, then 2 s more; returns all."""
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"reader-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
+    wanted, got = set(sent), []
+    seen: set[tuple[str, int]] = set()
+    deadline, settle = time.monotonic() + timeout_s, None
+    try:
+        while time.monotonic() < deadline and (settle is None or time.monotonic() < settle):
+            for message in consumer.consume(1000, 0.2):
+                if message.error():
+                    continue
+                model, version, device, start = dict(message.headers())["event_id"].decode().rsplit(":", 3)
+                got.append((f"{model}:{version}", device, int(start)))
+                seen.add((device, int(start)))
+            if settle is None and wanted <= seen:
+                settle = time.monotonic() + 2.0  # duplicates still in flight are counted too
+    finally:
+        consumer.close()
+    return got
+
+
+def in_thread_runner(topology: Topology, stack: StackSettings, **config) -> tuple[Runner, threading.Thread]:
+    """The inference processor in this process (its counters are readable), on a short poll interval."""
+    spec = topology.processors["inference"]
+    runner = Runner(build_processor(topology, "inference", own_triton(stack)),
+                    RunnerConfig(bootstrap_servers=stack.bootstrap_servers, group_id=topology.group("inference"),
+                                 inputs=tuple(spec.inputs), batch_size=spec.batch_size, max_wait_ms=spec.max_wait_ms,
+                                 exactly_once=spec.exactly_once, **config))
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    return runner, thread
+
+
+def stop_runner(runner: Runner, thread: threading.Thread) -> None:
+    runner.stop()
+    thread.join(60)
+    assert not thread.is_alive()
+
+
+# ------------------------------------------------------------------------------------ tests
+
+
+def test_a_contract_mismatch_is_refused_at_start_with_a_clear_message(stack, triton, tmp_path):
+    _, path, _ = worker_topology(tmp_path, stack, params={"classes": ["healthy", "bearing_wear"]})
+    env = {**os.environ, **stack_env(own_triton(stack)), "TANGRAM_TRITON_GRPC_PORT": str(GRPC_PORT)}
+    result = subprocess.run([sys.executable, "-m", "streams", "run", str(path), "inference"], cwd=PROJECT_ROOT,
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "output 'probabilities' dims [3] != declared [2]" in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+def test_kill_9_mid_batch_loses_nothing(stack, triton, tmp_path, exactly_once):
+    kills_wanted = 5
+    topology, path, prefix = worker_topology(tmp_path, stack, exactly_once=exactly_once, batch_size=32)
+    source, out = f"{prefix}.features.device_window", f"{prefix}.predictions.anomaly"
+    sent = produce_windows(stack, source, 12_000)
+    env = {**os.environ, **stack_env(own_triton(stack)), "TANGRAM_TRITON_GRPC_PORT": str(GRPC_PORT),
+           "TANGRAM_GROUP_INSTANCE_ID": "worker-0", "PYTHONUNBUFFERED": "1"}
+    log = (tmp_path / "worker.log").open("ab")
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "streams", "run", str(path), "inference"], cwd=PROJECT_ROOT,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    proc, kills, seen = start(), 0, 0
+    try:
+        while kills < kills_wanted:
+            seen = wait_for_count(stack, out, 3, at_least=seen + 400, timeout_s=60)
+            if seen >= len(sent) - 1000:
+                break  # too close to the end to kill mid-stream
+            os.killpg(proc.pid, signal.SIGKILL)  # no goodbye: no flush, no commit, a transaction left open
+            proc.wait()
+            kills += 1
+            proc = start()
+        got = wait_scored(stack, out, sent)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    identities = [(device, start) for _, device, start in got]
+    missing = set(sent) - set(identities)
+    duplicates = len(identities) - len(set(identities))
+    mode = "exactly-once" if exactly_once else "at-least-once"
+    print(f"\nkill -9 x{kills} ({mode}): {len(sent)} windows, {len(set(identities))} scored, "
+          f"{len(missing)} lost, {duplicates} duplicates (read_committed)")
+    assert kills >= 3
+    assert not missing
+    if exactly_once:
+        assert duplicates == 0
+
+
+def test_triton_stopped_then_restarted_loses_nothing_and_never_rebalances(stack, triton, tmp_path):
+    topology, _, prefix = worker_topology(tmp_path, stack, params={"timeout_s": 1.0})
+    source, out = f"{prefix}.features.device_window", f"{prefix}.predictions.anomaly"
+    # max.poll.interval.ms 8 s: a worker that stopped polling for the outage would leave the group.
+    runner, thread = in_thread_runner(topology, stack, session_timeout_ms=6000, max_poll_interval_ms=8000,
+                                      backoff_max_s=2.0)
+    sent: list[tuple[str, int]] = []
+    feeder = threading.Thread(target=lambda: sent.extend(produce_windows(stack, source, 3000, rate=150.0)))
+    try:
+        feeder.start()
+        wait_for_count(stack, out, 3, at_least=100, timeout_s=60)
+        assignments = runner.assignments
+        triton.stop()
+        stopped = time.monotonic()
+        time.sleep(12.0)  # down longer than max.poll.interval.ms
+        restart_s = triton.start()
+        print(f"\nTriton down {time.monotonic() - stopped:.1f}s (restart took {restart_s:.1f}s)")
+        feeder.join()
+        got = {(device, start) for _, device, start in wait_scored(stack, out, sent)}
+    finally:
+        stop_runner(runner, thread)
+        feeder.join()
+    print(f"{len(sent)} windows, {len(got)} scored, {len(set(sent) - got)} lost; paused {runner.paused_s:.1f}s "
+          f"over {runner.backpressure_events} backpressure events; assignments {runner.assignments}")
+    assert not set(sent) - got
+    assert runner.assignments == assignments == 1, "the worker was rebalanced"
+    assert runner.backpressure_events >= 1 and runner.paused_s >= 10.0
+
+
+def test_a_hanging_triton_hits_the_deadline_and_the_batch_is_retried(stack, triton, tmp_path):
+    topology, _, prefix = worker_topology(tmp_path, stack, params={"timeout_s": 0.5})
+    source, out = f"{prefix}.features.device_window", f"{prefix}.predictions.anomaly"
+    runner, thread = in_thread_runner(topology, stack, session_timeout_ms=6000, max_poll_interval_ms=8000,
+                                      backoff_max_s=1.0)
+    try:
+        first = produce_windows(stack, source, 200)
+        wait_for_count(stack, out, 3, at_least=len(first), timeout_s=60)
+        triton.freeze()
+        try:
+            frozen = produce_windows(stack, source, 300, start_ms=10**9)
+            time.sleep(4.0)
+            assert wait_for_count(stack, out, 3, at_least=0) == len(first), "scored while Triton was frozen"
+            assert runner.backpressure_events >= 1  # the deadline fired
+        finally:
+            triton.thaw()
+        got = {(device, start) for _, device, start in wait_scored(stack, out, first + frozen)}
+    finally:
+        stop_runner(runner, thread)
+    assert not set(first + frozen) - got
+    assert runner.assignments == 1
+
+
+def test_canary_then_a_version_switch_under_load_loses_nothing(stack, triton, tmp_path):
+    routing = tmp_path / "routing.json"
+    routing.write_text(json.dumps({"production": "1", "challenger": "anomaly_b:1", "canary_share": 0.3}))
+    topology, _, prefix = worker_topology(tmp_path, stack, params={"routing_file": str(routing)}, shadow=True)
+    source, out = f"{prefix}.features.device_window", f"{prefix}.predictions.anomaly"
+    shadow_topic = f"{prefix}.predictions.anomaly_shadow"
+    runner, thread = in_thread_runner(topology, stack)
+    sent: list[tuple[str, int]] = []
+    feeder = threading.Thread(target=lambda: sent.extend(produce_windows(stack, source, 4000, devices=200, rate=500.0)))
+    try:
+        feeder.start()
+        wait_for_count(stack, out, 3, at_least=1000, timeout_s=60)
+        routing.write_text(json.dumps({"production": "anomaly_b:1", "challenger": "1", "mode": "shadow"}))
+        switched = time.monotonic()
+        feeder.join()
+        got = wait_scored(stack, out, sent)
+    finally:
+        stop_runner(runner, thread)
+        feeder.join()
+    assert not set(sent) - {(device, start) for _, device, start in got}
+    canary = [(v, d) for v, d, start in got if start < 5000 * 2]  # the first windows: before the switch
+    assert canary and all((v == "anomaly_b:1") == (key_bucket(d) < 0.3) for v, d in canary)
+    last = [v for v, _, start in got if start >= max(s for _, s in sent) - 5000]
+    assert set(last) == {"anomaly_b:1"}, "after the switch production is anomaly_b"
+    shadow = predictions(stack, shadow_topic)
+    assert shadow and {v for v, _, _ in shadow} == {"anomaly:1"}
+    print(f"\nversion switch under load: {len(sent)} windows, {len(got)} predictions "
+          f"({sum(v == 'anomaly:1' for v, _, _ in got)} by anomaly:1, {sum(v == 'anomaly_b:1' for v, _, _ in got)} "
+          f"by anomaly_b:1), {len(shadow)} shadow; switched {time.monotonic() - switched:.1f}s before the end")
