@@ -305,3 +305,18 @@ def backtest(
     from streams.replay import backtest as run_backtest
 
     run_backtest(_settings(), run_id, version)
+
+
+@app.command()
+def trace(
+    event_id: str = typer.Argument(..., help="The reading's event_id."),
+    topology: Path = typer.Option(Path("topologies/predictive_maintenance.yaml"), help="Topology YAML file."),
+    lookback: float = typer.Option(3600.0, help="How far back to look for the reading, in seconds."),
+) -> None:
+    """Print one reading's path through every stage, with per-stage times and trace ids."""
+    from rich.console import Console
+
+    from streams.topology import load_topology
+    from streams.trace import print_trace, trace as find
+
+    print_trace(event_id, find(_settings(), load_topology(topology), event_id, lookback), Console())
