@@ -31,6 +31,7 @@ Backpressure
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
@@ -70,6 +71,7 @@ PAUSED = Gauge("tangram_processor_paused", "1 while the processor's partitions a
 H_EVENT_ID = "event_id"
 H_TRACE_ID = "trace_id"
 H_INGEST_MS = "ingest_ms"  # when the originating event entered Tangram; carried unchanged to the action
+H_TRACEPARENT = "traceparent"  # W3C Trace Context, one span per hop
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +118,27 @@ class Output:
     headers: Mapping[str, str | bytes] = field(default_factory=dict)
 
 
+def traceparent(trace_id: str, span_of: str) -> str:
+    """A W3C ``traceparent`` for one hop: the trace's id and a span id derived from what the hop produced."""
+    span = hashlib.sha256(f"{trace_id}:{span_of}".encode()).hexdigest()[:16]
+    return f"00-{trace_id}-{span}-01"
+
+
 def carry_headers(record: Record, **extra: str) -> dict[str, str | bytes]:
-    """The tracing headers of ``record`` to put on an output derived from it."""
+    """The tracing headers of ``record`` to put on an output derived from it.
+
+    The trace id and the ingest time travel unchanged; each hop gets a ``traceparent`` of its own
+    (W3C Trace Context), its span id derived from the output's ``event_id`` so replays reproduce it.
+    """
     out: dict[str, str | bytes] = {
         k: v for k, v in record.headers.items() if k in (H_EVENT_ID, H_TRACE_ID, H_INGEST_MS)
     }
     out.update(extra)
+    trace = out.get(H_TRACE_ID)
+    if trace:
+        trace = trace.decode() if isinstance(trace, bytes) else trace
+        event = out.get(H_EVENT_ID, b"")
+        out[H_TRACEPARENT] = traceparent(trace, event.decode() if isinstance(event, bytes) else event)
     return out
 
 

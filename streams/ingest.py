@@ -34,7 +34,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from streams.avro import MAGIC_BYTE, AvroCodec, WireFormatError, _plain
 from streams.context import BuildContext
-from streams.delivery import H_EVENT_ID, H_INGEST_MS, H_TRACE_ID, Output, Processor, Record, dead_letter
+from streams.delivery import (
+    H_EVENT_ID, H_INGEST_MS, H_TRACE_ID, H_TRACEPARENT, Output, Processor, Record, dead_letter, traceparent,
+)
 from streams.errors import TopologyError
 from streams.registry import compatibility
 
@@ -519,9 +521,11 @@ class IngestValidator(Processor):
                 continue
             if reading is None:  # a duplicate: dropped on purpose, counted
                 continue
+            trace = record.header(H_TRACE_ID) or trace_id_for(reading["event_id"])
             headers = {
                 H_EVENT_ID: reading["event_id"],
-                H_TRACE_ID: record.header(H_TRACE_ID) or trace_id_for(reading["event_id"]),
+                H_TRACE_ID: trace,
+                H_TRACEPARENT: traceparent(trace, reading["event_id"]),
                 H_INGEST_MS: str(record.timestamp_ms),
             }
             outputs.append(Output(self.output_topic, reading[self.validator.settings.entity_field],

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from streams.avro import AvroCodec, codec
-from streams.delivery import H_EVENT_ID, H_INGEST_MS, H_TRACE_ID, Output, Record, dead_letter
+from streams.delivery import H_EVENT_ID, H_INGEST_MS, H_TRACE_ID, H_TRACEPARENT, Output, Record, dead_letter, traceparent
 from streams.gateway.errors import GatewayError
 from streams.ingest import H_CLIENT_ID, IngestSettings, Rejected, Validator, trace_id_for
 from streams.settings import StackSettings
@@ -44,7 +44,9 @@ class IngestStream:
 
     def accepted(self, record: dict, trace_id: str | None, ingest_ms: int) -> Output:
         """The Avro output of an accepted reading."""
-        headers = {H_EVENT_ID: record["event_id"], H_TRACE_ID: trace_id or trace_id_for(record["event_id"]), H_INGEST_MS: str(ingest_ms)}
+        trace = trace_id or trace_id_for(record["event_id"])
+        headers = {H_EVENT_ID: record["event_id"], H_TRACE_ID: trace, H_TRACEPARENT: traceparent(trace, record["event_id"]),
+                   H_INGEST_MS: str(ingest_ms)}
         return Output(self.output_topic, record[self.validator.settings.entity_field], self.codec.encode(record), headers)
 
     def rejected(self, exc: Rejected, value: bytes, source: str, *, key: bytes | None = None, client: str | None = None,

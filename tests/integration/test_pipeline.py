@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import math
+import re
+import time
+import uuid
 
 import numpy as np
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
+
+from streams.avro import codec
+from streams.topology import load_schema, load_topology
+from streams.trace import trace
 
 from streams.demo import run_pipeline
 from streams.simulator import Device, Fleet
@@ -17,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def summary(stack, tmp_path_factory):
+def pipeline(stack, tmp_path_factory):
     """One short run of the reference topology: a worn bearing, two healthy machines, one sending garbage."""
     rng = np.random.default_rng(11)
     devices = [
@@ -27,8 +35,14 @@ def summary(stack, tmp_path_factory):
         Device.random("garbage-1", rng, "malformed", onset_s=0.0),
     ]
     topology, _ = isolated_topology(tmp_path_factory.mktemp("pipeline"))
-    return run_pipeline(stack, Fleet(devices, hz=10.0, seed=5), duration_s=35.0, topology_path=topology,
-                        console=Console(force_terminal=False))
+    summary = run_pipeline(stack, Fleet(devices, hz=10.0, seed=5), duration_s=35.0, topology_path=topology,
+                           console=Console(force_terminal=False))
+    return summary, topology
+
+
+@pytest.fixture(scope="module")
+def summary(pipeline):
+    return pipeline[0]
 
 
 def test_bearing_fault_gets_a_maintenance_action(summary):
@@ -60,3 +74,31 @@ def test_malformed_records_land_in_the_dlq_and_the_device_keeps_flowing(summary)
 
 def test_event_to_action_latency_is_measured(summary):
     assert summary.latencies_ms and all(0 <= ms < 30_000 for ms in summary.latencies_ms)
+
+
+def test_a_trace_covers_every_hop_of_a_real_event(stack, pipeline):
+    summary, path = pipeline
+    topology = load_topology(path)
+    action = next(a for a in summary.actions if a["device_id"] == "bearing-1")
+    ingest = topology.processors["ingest"].outputs[0]
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"t-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(ingest, p, 0) for p in range(topology.partitions(ingest))])
+    reading_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
+    event_id, deadline = None, time.monotonic() + 30
+    while event_id is None and time.monotonic() < deadline:
+        for msg in consumer.consume(1000, 0.5):
+            if not msg.error() and msg.key() == b"bearing-1":
+                reading = reading_codec.decode(msg.value())
+                if action["window_end"] - 5000 <= reading["ts"] < action["window_end"]:
+                    event_id = reading["event_id"]
+                    break
+    consumer.close()
+    assert event_id, "no reading inside the action's window"
+    hops = trace(stack, topology, event_id)
+    assert [h.stage for h in hops][:2] == ["producer", "ingest"]
+    assert {"features", "inference", "rules"} <= {h.stage for h in hops}, hops
+    assert [h.timestamp_ms for h in hops] == sorted(h.timestamp_ms for h in hops)
+    for hop in hops[1:]:
+        assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", hop.trace), hop
+    assert any(h.detail.startswith("maintenance by rule bearing_wear") for h in hops)
