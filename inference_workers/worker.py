@@ -28,18 +28,41 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 
-from inference_workers.routing import ModelTarget, RoutingFile, RoutingPlan, RoutingSettings, VersionRouting
+from inference_workers.routing import (
+    ModelTarget,
+    RoutingFile,
+    RoutingPlan,
+    RoutingSettings,
+    VersionRouting,
+)
 from inference_workers.triton_client import ModelContract, TensorContract, TritonModel
 from streams.avro import AvroCodec, WireFormatError
 from streams.context import BuildContext
-from streams.delivery import H_EVENT_ID, Output, Processor, Record, carry_headers, dead_letter
-from streams.errors import BackpressureError, InferenceError, InferenceUnavailableError, TopologyError
+from streams.delivery import (
+    H_EVENT_ID,
+    Output,
+    Processor,
+    Record,
+    carry_headers,
+    dead_letter,
+)
+from streams.errors import (
+    ArtifactIntegrityError,
+    BackpressureError,
+    InferenceError,
+    InferenceUnavailableError,
+    TopologyError,
+)
 from streams.features import FEATURE_NAMES
+from streams.config_center import CONFIG_TOPIC, ConfigSubscriber
+from streams.lifecycle import MODELS_TOPIC, ModelRegistryWatcher
+from streams.lifecycle.state import Routing
 
 log = logging.getLogger("tangram.inference")
 
@@ -82,6 +105,13 @@ class InferenceSettings(BaseModel):
     max_row_attempts: int = Field(3, ge=1, description="Tries of a row Triton refuses before it goes to the DLQ.")
     routing: RoutingSettings | None = Field(None, description="Production/challenger versions, canary or shadow.")
     routing_file: str | None = Field(None, description="JSON RoutingSettings re-read on change (switch without restart).")
+    follow_registry: bool = Field(False, description="Take production, challenger, canary share and shadow from the "
+                                                     "model registry (`_tangram.models`), live; artifacts are checked "
+                                                     "against their registered sha256 before a switch.")
+    registry_topic: str = Field(MODELS_TOPIC, description="The model registry's compacted topic.")
+    follow_degradation: bool = Field(False, description="Follow the config center's `feature-switch/degradation.level`: "
+                                                        "at L1 and above the challenger (canary or shadow) is off.")
+    config_topic: str = Field(CONFIG_TOPIC, description="The config center's compacted topic.")
     shadow_topic: str | None = Field(None, description="Where shadow predictions go; one of the processor's outputs.")
 
     def initial_routing(self) -> RoutingSettings:
@@ -103,7 +133,8 @@ class InferenceWorker(Processor):
     name = "inference"
 
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
-                 triton_url: str, settings: InferenceSettings, shadow_topic: str | None = None):
+                 triton_url: str, settings: InferenceSettings, shadow_topic: str | None = None,
+                 bootstrap_servers: str | None = None, model_repository: Path | None = None):
         self.input_codec = input_codec
         self.output_codec = output_codec
         self.output_topic = output_topic
@@ -117,6 +148,11 @@ class InferenceWorker(Processor):
         )
         self.routing = VersionRouting(settings.initial_routing(), settings.model)
         self.routing_file = RoutingFile(settings.routing_file) if settings.routing_file else None
+        self.bootstrap_servers = bootstrap_servers
+        self.model_repository = model_repository
+        self.watcher: ModelRegistryWatcher | None = None
+        self._registry_routing: Routing | None = None  # set by the watcher's thread, applied between batches
+        self.config: ConfigSubscriber | None = None
         self.models: dict[ModelTarget, TritonModel] = {}
         self.row_failures: dict[tuple[str, int, int], int] = {}
         self.loop = asyncio.new_event_loop()
@@ -136,13 +172,22 @@ class InferenceWorker(Processor):
                                 f"got {outputs}")
         return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), output_topic=outputs[0],
                    dlq_topic=ctx.dlq, triton_url=ctx.stack.triton_grpc_url, settings=settings,
-                   shadow_topic=settings.shadow_topic)
+                   shadow_topic=settings.shadow_topic, bootstrap_servers=ctx.stack.bootstrap_servers,
+                   model_repository=ctx.stack.model_repository)
 
     # -- lifecycle -------------------------------------------------------------------
     def setup(self) -> None:
         """Check every routed version against the contract; refuses to start on a mismatch."""
         if self.routing_file and (settings := self.routing_file.poll()):
             self.routing.switch(self.routing.candidate(settings))
+        if self.settings.follow_degradation:
+            self.config = ConfigSubscriber(self.bootstrap_servers, self.settings.config_topic, name=self.name,
+                                           namespaces=["feature-switch"]).start()
+        if self.settings.follow_registry:
+            self.watcher = ModelRegistryWatcher(self.bootstrap_servers, self.settings.registry_topic, name=self.name).start()
+            self.watcher.on_change(self._on_registry_change)
+            if (settings := self._registry_settings(self.watcher.current(self.settings.model))) is not None:
+                self.routing.switch(self.routing.candidate(settings))
         plan = self.routing.plan
         if plan.shadow and not self.shadow_topic:
             raise TopologyError(f"processor {self.name!r}: shadow routing needs `shadow_topic` in its params")
@@ -162,9 +207,41 @@ class InferenceWorker(Processor):
             self.models[target] = model
         return model
 
+    def _on_registry_change(self, before: Routing, after: Routing) -> None:
+        if after.model == self.settings.model:
+            self._registry_routing = after  # applied by the worker's thread between batches
+
+    def _registry_settings(self, routing: Routing) -> RoutingSettings | None:
+        """The registry's routing as worker settings, once every routed artifact matches its digest.
+
+        None while the model has no Production version (the topology's routing stays). Raises
+        ArtifactIntegrityError for a tampered or missing artifact: that version is never served.
+        """
+        if routing.production is None:
+            return None
+        for ref in (routing.production, routing.challenger):
+            if ref is not None:
+                self.watcher.verified_path(routing.model, ref, self.model_repository)
+        return RoutingSettings(
+            production=f"{routing.model}:{routing.production.version}",
+            challenger=f"{routing.model}:{routing.challenger.version}" if routing.challenger else None,
+            mode="shadow" if routing.shadow else "canary",
+            canary_share=0.0 if routing.shadow else routing.canary_share,
+        )
+
     def _refresh_routing(self) -> None:
-        """Switch to the routing file's new settings, once its versions pass the contract check."""
-        if self.routing_file is None or (settings := self.routing_file.poll()) is None:
+        """Switch to new routing (registry or routing file), once its versions pass the contract check."""
+        settings = None
+        if self._registry_routing is not None:
+            routing, self._registry_routing = self._registry_routing, None
+            try:
+                settings = self._registry_settings(routing)
+            except ArtifactIntegrityError as exc:
+                log.error("%s: registry routing refused, keeping %s: %s", self.name, self.routing.plan.describe(), exc)
+                return
+        elif self.routing_file is not None:
+            settings = self.routing_file.poll()
+        if settings is None:
             return
         try:
             plan = self.routing.candidate(settings)
@@ -178,6 +255,17 @@ class InferenceWorker(Processor):
         self.routing.switch(plan)
         for target in [t for t in self.models if t not in plan.targets]:
             self.loop.run_until_complete(self.models.pop(target).close())
+
+    def degradation_level(self) -> str:
+        """The config center's manual degradation level, when this worker follows it; L0 otherwise."""
+        return str(self.config.get("feature-switch", "degradation.level", "L0")) if self.config else "L0"
+
+    def _effective_plan(self) -> RoutingPlan:
+        """The routing for this batch: at degradation L1 and above only production scores (seed: L1 = challenger off)."""
+        plan = self.routing.plan
+        if plan.challenger is not None and self.degradation_level() != "L0":
+            return dataclasses.replace(plan, challenger=None)
+        return plan
 
     def ready(self) -> bool:
         """True when Triton answers and every routed version is ready (each probe has the call deadline)."""
@@ -197,6 +285,10 @@ class InferenceWorker(Processor):
         return []
 
     def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self.config is not None:
+            self.config.stop()
         for model in self.models.values():
             self.loop.run_until_complete(model.close())
         self.models.clear()
@@ -228,7 +320,7 @@ class InferenceWorker(Processor):
             if not records:
                 return outputs
         QUEUE_WAIT.labels(self.name).observe(max(0.0, time.time() - min(r.timestamp_ms for r in records) / 1000))
-        plan = self.routing.plan
+        plan = self._effective_plan()
         groups = self._groups(plan, [w["device_id"] for w in windows])
 
         async def score_all() -> list:

@@ -162,3 +162,23 @@ def test_routing_file_switches_versions_between_batches(tmp_path) -> None:
     path.write_text(json.dumps({"production": "2"}) + " ")
     assert predictions(worker, worker.process(batch))[0]["model_version"] == "2"
     assert ModelTarget("anomaly", "1") not in worker.models  # the version no longer routed is closed
+
+
+class FixedLevel:
+    """Stands in for the config center subscriber: the degradation level an operator switched to."""
+
+    def __init__(self, level: str):
+        self.level = level
+
+    def get(self, namespace: str, key: str, default=None, entity=None):
+        assert (namespace, key) == ("feature-switch", "degradation.level")
+        return self.level
+
+
+def test_degradation_l1_switches_the_challenger_off_and_l0_brings_it_back() -> None:
+    worker, _ = make_worker(routing={"production": "1", "challenger": "2", "canary_share": 0.5}, follow_degradation=True)
+    batch = records(worker, [window(f"dev-{i}", 0) for i in range(200)])
+    worker.config = FixedLevel("L1")
+    assert {p["model_version"] for p in predictions(worker, worker.process(batch))} == {"1"}
+    worker.config = FixedLevel("L0")
+    assert {p["model_version"] for p in predictions(worker, worker.process(batch))} == {"1", "2"}
