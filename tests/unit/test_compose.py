@@ -1,5 +1,6 @@
 """docker-compose.yml cannot run here (no Docker engine): check it against the topology instead."""
 
+import re
 from pathlib import Path
 
 import yaml
@@ -62,3 +63,24 @@ def test_three_broker_profile_is_a_consistent_kraft_quorum():
         assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 3
     registry = services["schema-registry"]["environment"]
     assert registry["SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS"].count("kafka") == 3
+
+
+def test_flink_profile_submits_the_feature_job_to_a_jobmanager_and_taskmanager():
+    services = COMPOSE["services"]
+    jm, tm, job = services["flink-jobmanager"], services["flink-taskmanager"], services["flink-feature-job"]
+    assert jm["command"] == ["jobmanager"] and tm["command"] == ["taskmanager"]
+    assert {jm["profiles"][0], tm["profiles"][0], job["profiles"][0]} == {"flink"}
+    assert "jobmanager.rpc.address: flink-jobmanager" in tm["environment"]["FLINK_PROPERTIES"]
+    args = job["command"]
+    assert args[:2] == ["flink", "run"] and args[args.index("--jobmanager") + 1] == "flink-jobmanager:8081"
+    assert args[args.index("--pyModule") + 1] == "streams.flink.job"
+    topology = load_topology(PROJECT_ROOT / TOPOLOGY_FILE)
+    assert args[args.index("--dlq") + 1] == topology.processors["features"].dlq
+    feature_set = args[args.index("--feature-set") + 1]
+    assert topology.processors["features"].params["feature_set"] == feature_set
+    assert (PROJECT_ROOT / feature_set).is_file()
+    dockerfile = (PROJECT_ROOT / "Dockerfile.flink").read_text()
+    pom = (PROJECT_ROOT / "stack" / "flink" / "pom.xml").read_text()
+    jar = re.search(r"flink-sql-connector-kafka-([\d.]+-[\d.]+)\.jar", dockerfile).group(1)
+    assert f"<version>{jar}</version>" in pom  # the cluster gets the connector the local job is tested with
+    assert "requirements-flink.txt" in dockerfile
