@@ -24,7 +24,10 @@ from streams.avro import AvroCodec, WireFormatError
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
 from streams.features.compute import EntityWindows, output_row
+from streams.errors import TopologyError
 from streams.features.online import OnlineWriter, online_prefix
+from streams.features.shadow import ShadowComparator
+from streams.features.shadow import encode as encode_difference
 from streams.features.spec import DEFAULT_FEATURE_SET, FeatureSet, load_feature_set
 
 log = logging.getLogger("tangram.features")
@@ -39,6 +42,10 @@ class WindowFeaturesSettings(BaseModel):
                              description="The feature-set declaration (YAML), relative to the project root.")
     key_prefix: str | None = Field(None, description="Redis key prefix of the online store; default `tangram:<app>:<processor>`.")
     redis_retry_s: float = Field(300.0, gt=0, description="How long online-store writes are retried while Redis is down.")
+    shadow_feature_set: str | None = Field(None, description="A new version of the feature set, computed beside the live "
+                                                             "one and compared with it; never served.")
+    shadow_topic: str | None = Field(None, description="Where differing shadow rows are sampled (JSON); an output.")
+    shadow_sample_every: int = Field(1, ge=1, description="Send one differing row in N to the shadow topic.")
 
 
 class WindowFeatures(Processor):
@@ -47,7 +54,8 @@ class WindowFeatures(Processor):
     name = "features"
 
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
-                 redis_url: str, settings: WindowFeaturesSettings, feature_set: FeatureSet | None = None):
+                 redis_url: str, settings: WindowFeaturesSettings, feature_set: FeatureSet | None = None,
+                 shadow_topic: str | None = None):
         self.input_codec = input_codec
         self.output_codec = output_codec
         self.output_topic = output_topic
@@ -57,14 +65,24 @@ class WindowFeatures(Processor):
         self.store = OnlineWriter(redis_url, settings.key_prefix or "tangram", self.fs,
                                   retry_s=settings.redis_retry_s)
         self._entities: dict[str, EntityWindows] = {}
+        self.shadow_topic = shadow_topic
+        self.shadow = (ShadowComparator(self.fs, load_feature_set(settings.shadow_feature_set), self.name)
+                       if settings.shadow_feature_set else None)
+        self._differences = 0
 
     @classmethod
     def build(cls, ctx: BuildContext) -> WindowFeatures:
-        (source,), (output,) = ctx.spec.inputs, ctx.spec.outputs
-        return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(output), output_topic=output,
-                   dlq_topic=ctx.dlq, redis_url=ctx.stack.redis_url,
-                   settings=WindowFeaturesSettings.model_validate(
-                       {"key_prefix": online_prefix(ctx.topology.app, ctx.name), **ctx.spec.params}))
+        settings = WindowFeaturesSettings.model_validate({"key_prefix": online_prefix(ctx.topology.app, ctx.name),
+                                                          **ctx.spec.params})
+        (source,) = ctx.spec.inputs
+        outputs = [t for t in ctx.spec.outputs if t != settings.shadow_topic]
+        if settings.shadow_feature_set and settings.shadow_topic not in ctx.spec.outputs:
+            raise TopologyError(f"processor {ctx.name!r}: a shadow feature set needs `shadow_topic`, one of its outputs")
+        if len(outputs) != 1:
+            raise TopologyError(f"processor {ctx.name!r}: expected one features output besides the shadow topic")
+        return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), output_topic=outputs[0],
+                   dlq_topic=ctx.dlq, redis_url=ctx.stack.redis_url, settings=settings,
+                   shadow_topic=settings.shadow_topic)
 
     def setup(self) -> None:
         self.store.setup()
@@ -82,8 +100,10 @@ class WindowFeatures(Processor):
         for record, value in decoded:
             entity, ts = value[key], value[ts_field]
             row = [np.nan if value[s] is None else value[s] for s in inputs]
-            accepted, closed = self._entities[entity].add(
-                ts, row, (TopicPartition(record.topic, record.partition), record.offset), record)
+            position = (TopicPartition(record.topic, record.partition), record.offset)
+            if self.shadow is not None:
+                outputs.extend(self._sampled(self.shadow.add(entity, ts, row, position), record))
+            accepted, closed = self._entities[entity].add(ts, row, position, record)
             if not accepted:
                 LATE.labels(self.name).inc()
                 outputs.append(dead_letter(record, self.dlq_topic, self.name,
@@ -97,7 +117,19 @@ class WindowFeatures(Processor):
                     headers.update(carry_headers(last))
                 outputs.append(Output(self.output_topic, entity, self.output_codec.encode(out), headers))
                 self.store.stage(out)
+                if self.shadow is not None:
+                    outputs.extend(self._sampled(self.shadow.live(entity, out), record))
         return outputs
+
+    def _sampled(self, differences: list[dict], record: Record) -> list[Output]:
+        """One differing shadow row in ``shadow_sample_every``, as JSON on the shadow topic."""
+        out = []
+        for difference in differences:
+            self._differences += 1
+            if (self._differences - 1) % self.settings.shadow_sample_every == 0:
+                out.append(Output(self.shadow_topic, difference["entity"], encode_difference(difference),
+                                  carry_headers(record)))
+        return out
 
     def _load_emitted(self, entities: set[str]) -> None:
         """For entities first seen since start, read which windows were already emitted (online store)."""
@@ -114,6 +146,8 @@ class WindowFeatures(Processor):
     def committable(self, partition: TopicPartition) -> int | None:
         firsts = [w.first[1] for state in self._entities.values() for w in state.open.values()
                   if w.first[0] == partition]
+        if self.shadow is not None:
+            firsts += [offset for tp, offset in self.shadow.open_positions() if tp == partition]
         return min(firsts) if firsts else None
 
     def on_revoke(self, partitions: list[TopicPartition]) -> None:

@@ -3,7 +3,7 @@
 A feature set names its entity (the Kafka key), its source and output topics, its
 event-time window (size, hop, allowed lateness), its aggregations in output order,
 the valid range of every input and feature, its online TTL and its owner. The
-feature names, their order, their ranges and the Feast definitions are all derived
+feature names, their order and their ranges are all derived
 from it, so the engines, the training script, the Avro contract and the online store
 cannot drift apart.
 
@@ -33,7 +33,7 @@ class _Model(BaseModel):
 
 
 class Entity(_Model):
-    """What the features describe; ``join_key`` is the Kafka key and the Feast join key."""
+    """What the features describe; ``join_key`` is the Kafka key and the online store's key."""
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     join_key: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
