@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -169,6 +169,28 @@ class StateTopic:
         if self._producer is not None:
             self._producer.flush(self.timeout_s)
             self._producer = None
+
+
+class Follows:
+    """Start/stop and context management for a reader that owns a :class:`TopicFollower` as ``_follower``."""
+
+    _follower: "TopicFollower"
+
+    def start(self, wait: bool = True) -> Self:
+        """Start following; by default wait until the state that exists now has been read."""
+        self._follower.start()
+        if wait:
+            self._follower.wait_caught_up()
+        return self
+
+    def stop(self) -> None:
+        self._follower.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
 
 
 class TopicFollower:

@@ -25,7 +25,7 @@ from streams.config_center.center import CONFIG_TOPIC
 from streams.config_center.schemas import DEFAULT_SCHEMAS, ConfigSchemas
 from streams.config_center.state import AppliedChange, ConfigState
 from streams.errors import ConfigCenterError
-from streams.statelog import LogRecord, TopicFollower
+from streams.statelog import Follows, LogRecord, TopicFollower
 
 log = logging.getLogger("tangram.config.subscriber")
 
@@ -38,7 +38,7 @@ PROPAGATION = Histogram("tangram_config_propagation_seconds", "From a config cha
 Listener = Callable[[AppliedChange], None]
 
 
-class ConfigSubscriber:
+class ConfigSubscriber(Follows):
     """Live, validated, versioned view of the config center for one processor."""
 
     def __init__(self, bootstrap_servers: str, topic: str = CONFIG_TOPIC, *, name: str,
@@ -54,22 +54,6 @@ class ConfigSubscriber:
         self._follower = TopicFollower(bootstrap_servers, topic, self._on_record, name=f"config-{name}",
                                        timeout_s=timeout_s)
         VERSION.labels(name).set(0)
-
-    def start(self, wait: bool = True) -> ConfigSubscriber:
-        """Start following; by default wait until the latest version is applied."""
-        self._follower.start()
-        if wait:
-            self._follower.wait_caught_up()
-        return self
-
-    def stop(self) -> None:
-        self._follower.stop()
-
-    def __enter__(self) -> ConfigSubscriber:
-        return self.start()
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
 
     def on_change(self, listener: Listener) -> None:
         """Call ``listener(applied)`` after each applied change that touches this subscriber's namespaces."""

@@ -25,7 +25,7 @@ from streams.errors import ModelRegistryError
 from streams.lifecycle.artifacts import resolve_artifact, verify_artifact
 from streams.lifecycle.registry import MODELS_TOPIC
 from streams.lifecycle.state import RegistryState, Routing, VersionRef
-from streams.statelog import LogRecord, TopicFollower
+from streams.statelog import Follows, LogRecord, TopicFollower
 
 log = logging.getLogger("tangram.lifecycle.watcher")
 
@@ -37,7 +37,7 @@ LAG = Histogram("tangram_models_routing_lag_seconds", "From a registry event bei
 Listener = Callable[[Routing, Routing], None]  # (before, after)
 
 
-class ModelRegistryWatcher:
+class ModelRegistryWatcher(Follows):
     """Live, read-only view of ``_tangram.models`` for processors."""
 
     def __init__(self, bootstrap_servers: str, topic: str = MODELS_TOPIC, *, name: str = "watcher",
@@ -49,22 +49,6 @@ class ModelRegistryWatcher:
         self._listeners: list[Listener] = []
         self._follower = TopicFollower(bootstrap_servers, topic, self._on_record, name=f"models-{name}",
                                        timeout_s=timeout_s)
-
-    def start(self, wait: bool = True) -> ModelRegistryWatcher:
-        """Start following; by default wait until the state that exists now has been read."""
-        self._follower.start()
-        if wait:
-            self._follower.wait_caught_up()
-        return self
-
-    def stop(self) -> None:
-        self._follower.stop()
-
-    def __enter__(self) -> ModelRegistryWatcher:
-        return self.start()
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
 
     def on_change(self, listener: Listener) -> None:
         """Call ``listener(before, after)`` (in the watcher's thread) whenever a model's routing changes."""
