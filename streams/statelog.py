@@ -171,6 +171,30 @@ class StateTopic:
             self._producer = None
 
 
+class Replica:
+    """A writer's copy of a state topic's state: ``refresh`` folds in every record it has not seen yet.
+
+    ``state`` is any object with ``apply_record(LogRecord)``; subclasses add the operations that
+    append records (model registry, config center).
+    """
+
+    def __init__(self, topic: StateTopic, state: Any) -> None:
+        self.topic = topic
+        self.state = state
+        self._position = 0
+        self._ensured = False
+
+    def refresh(self) -> Any:
+        """Catch up with every record on the topic; returns the state."""
+        if not self._ensured:
+            self.topic.ensure()
+            self._ensured = True
+        for record in self.topic.replay(self._position):
+            self.state.apply_record(record)
+            self._position = record.offset + 1
+        return self.state
+
+
 class Follows:
     """Start/stop and context management for a reader that owns a :class:`TopicFollower` as ``_follower``."""
 

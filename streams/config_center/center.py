@@ -14,32 +14,19 @@ from typing import Any
 from streams.config_center.schemas import DEFAULT_SCHEMAS, ConfigSchemas
 from streams.config_center.state import AppliedChange, ConfigOp, ConfigState, DiffLine, Scope, Snapshot, diff_cells
 from streams.errors import ConfigCenterError
-from streams.statelog import StateTopic, default_actor
+from streams.statelog import Replica, StateTopic, default_actor
 
 log = logging.getLogger("tangram.config")
 
 CONFIG_TOPIC = "_tangram.config"
 
 
-class ConfigCenter:
+class ConfigCenter(Replica):
     """Set, read, diff, snapshot and restore configuration on ``_tangram.config``."""
 
     def __init__(self, bootstrap_servers: str, topic: str = CONFIG_TOPIC, *, schemas: ConfigSchemas = DEFAULT_SCHEMAS,
                  timeout_s: float = 10.0) -> None:
-        self.topic = StateTopic(bootstrap_servers, topic, timeout_s)
-        self.state = ConfigState(schemas=schemas)
-        self._position = 0
-        self._ensured = False
-
-    def refresh(self) -> ConfigState:
-        """Catch up with every record on the topic; returns the state."""
-        if not self._ensured:
-            self.topic.ensure()
-            self._ensured = True
-        for record in self.topic.replay(self._position):
-            self.state.apply_record(record)
-            self._position = record.offset + 1
-        return self.state
+        super().__init__(StateTopic(bootstrap_servers, topic, timeout_s), ConfigState(schemas=schemas))
 
     def change(self, ops: list[ConfigOp], author: str | None = None, reason: str = "",
                restored_from: str | None = None) -> AppliedChange:

@@ -17,31 +17,18 @@ from typing import Any
 
 from streams.errors import ModelRegistryError
 from streams.lifecycle.state import ModelEvent, ModelPolicy, ModelVersion, RegistryState, Stage, version_from_fields
-from streams.statelog import StateTopic, default_actor
+from streams.statelog import Replica, StateTopic, default_actor
 
 log = logging.getLogger("tangram.lifecycle")
 
 MODELS_TOPIC = "_tangram.models"
 
 
-class ModelRegistry:
+class ModelRegistry(Replica):
     """Register versions and move them through their stages, on ``_tangram.models``."""
 
     def __init__(self, bootstrap_servers: str, topic: str = MODELS_TOPIC, timeout_s: float = 10.0) -> None:
-        self.topic = StateTopic(bootstrap_servers, topic, timeout_s)
-        self.state = RegistryState()
-        self._position = 0
-        self._ensured = False
-
-    def refresh(self) -> RegistryState:
-        """Catch up with every event on the topic; returns the state."""
-        if not self._ensured:
-            self.topic.ensure()
-            self._ensured = True
-        for record in self.topic.replay(self._position):
-            self.state.apply_record(record)
-            self._position = record.offset + 1
-        return self.state
+        super().__init__(StateTopic(bootstrap_servers, topic, timeout_s), RegistryState())
 
     def _commit(self, events: list[ModelEvent]) -> list[ModelEvent]:
         if events:
