@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from streams import PROJECT_ROOT
 from streams.errors import TopologyError
+from streams.yamlfile import load_model
 
 SCHEMA_DIR = PROJECT_ROOT / "schemas" / "avro"
 
@@ -212,20 +213,7 @@ class Topology(_Model):
 
 def load_topology(path: str | Path) -> Topology:
     """Read and validate a topology file; errors name the file and the offending field."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise TopologyError(f"topology file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise TopologyError(f"{path}: not valid YAML: {exc}") from exc
-    try:
-        return Topology.model_validate(raw)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<top>'}: {err['msg']}" for err in exc.errors()
-        )
-        raise TopologyError(f"{path}: {problems}") from exc
+    return load_model(Path(path), Topology, "topology")
 
 
 def load_schema(subject: str) -> dict:

@@ -16,11 +16,10 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from streams import PROJECT_ROOT
-from streams.errors import TopologyError
+from streams.yamlfile import load_model
 
 #: The feature set of the reference application.
 DEFAULT_FEATURE_SET = PROJECT_ROOT / "topologies" / "features" / "pm_device_window.yaml"
@@ -180,14 +179,4 @@ def load_feature_set(path: str | Path = DEFAULT_FEATURE_SET) -> FeatureSet:
 
 @cache
 def _load(path: Path) -> FeatureSet:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise TopologyError(f"feature set file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise TopologyError(f"{path}: not valid YAML: {exc}") from exc
-    try:
-        return FeatureSet.model_validate(raw)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<top>'}: {e['msg']}" for e in exc.errors())
-        raise TopologyError(f"{path}: {problems}") from exc
+    return load_model(path, FeatureSet, "feature set")
