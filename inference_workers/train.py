@@ -102,10 +102,16 @@ def evaluate(p: np.ndarray, y: np.ndarray) -> dict:
 
 
 def train(repository: Path, *, seed: int = 42, n_devices: int = 300, seconds: float = 180.0,
-          window_s: float = 5.0, hz: float = 10.0, version: int = 1) -> dict:
-    """Train, evaluate on held-out devices, export. Returns the model card."""
+          window_s: float = 5.0, hz: float = 10.0, version: int = 1, blind_to: tuple[str, ...] = ()) -> dict:
+    """Train, evaluate on held-out devices, export. Returns the model card.
+
+    ``blind_to`` labels those classes ``healthy`` in the training data: a deliberately weaker model,
+    for backtests and canary drills that must show a difference built in on purpose.
+    """
     started = time.perf_counter()
     x_train, y_train = build_dataset(n_devices, seconds, window_s, hz, seed)
+    for name in blind_to:
+        y_train[y_train == CLASSES.index(name)] = CLASSES.index("healthy")
     x_test, y_test = build_dataset(max(50, n_devices // 4), seconds, window_s, hz, seed + 1)
     mean, std = x_train.mean(axis=0), x_train.std(axis=0)
     std[std < 1e-9] = 1.0
@@ -117,7 +123,8 @@ def train(repository: Path, *, seed: int = 42, n_devices: int = 300, seconds: fl
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     p_test = session.run(None, {"features": x_test.astype(np.float32)})[0]
     dataset_version = "sim-v1-" + hashlib.sha256(
-        json.dumps([seed, n_devices, seconds, window_s, hz]).encode()).hexdigest()[:12]
+        json.dumps([seed, n_devices, seconds, window_s, hz, *([sorted(blind_to)] if blind_to else [])]).encode()
+    ).hexdigest()[:12]
 
     target = repository / MODEL_NAME / str(version) / "model.onnx"
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
 
 import numpy as np
@@ -12,7 +13,7 @@ from rich.console import Console
 
 from streams.launcher import high_watermarks
 from streams.plan import apply
-from streams.replay import backtest, delete_run, list_runs, replay, simulate_history
+from streams.replay import agreement, backtest, delete_run, list_runs, replay, simulate_history
 from streams.simulator import Device, Fleet
 from streams.topology import load_topology
 
@@ -115,3 +116,36 @@ def test_backtest_is_isolated_deterministic_and_cleaned_up(stack, live):
     remaining = [t for t in admin.list_topics(timeout=10).topics if t.startswith(run.prefix)]
     assert remaining == []
     assert run.run_id not in {r.run_id for r in list_runs(stack)}
+
+
+def test_backtest_of_two_versions_reports_the_difference_built_into_them(stack, live, tmp_path):
+    """Version 1 against a model trained blind to overheating (served as `anomaly_b`): the report shows it."""
+    from inference_workers.train import train
+    from test_worker import GRPC_PORT, HTTP_PORT, METRICS_PORT, REPOSITORY, TritonProcess
+
+    repo = tmp_path / "repo"
+    shutil.copytree(REPOSITORY / "anomaly", repo / "anomaly", ignore=shutil.ignore_patterns("model_card.json"))
+    scratch = tmp_path / "blind"
+    train(scratch, seed=5, blind_to=("overheating",))
+    (repo / "anomaly_b" / "1").mkdir(parents=True)
+    shutil.copy(scratch / "anomaly" / "1" / "model.onnx", repo / "anomaly_b" / "1" / "model.onnx")
+    config = (REPOSITORY / "anomaly" / "config.pbtxt").read_text().replace('name: "anomaly"', 'name: "anomaly_b"')
+    (repo / "anomaly_b" / "config.pbtxt").write_text(config)
+    triton = TritonProcess(repo, tmp_path / "triton.log")
+    triton.start()
+    try:
+        own = stack.model_copy(update={"triton_http_port": HTTP_PORT, "triton_grpc_port": GRPC_PORT,
+                                       "triton_metrics_port": METRICS_PORT})
+        run = replay(own, live["path"], run_id=f"v{uuid.uuid4().hex[:6]}")
+        try:
+            v1, blind = backtest(own, run.run_id, ["1", "anomaly_b:1"], console=Console(width=160, force_terminal=False))
+        finally:
+            delete_run(own, run.run_id)
+    finally:
+        triton.stop()
+    assert v1.faults["overheating"]["detected"] == 1 and blind.faults["overheating"]["detected"] == 0
+    assert v1.labels.get("overheating", 0) > 0 and blind.labels.get("overheating", 0) == 0
+    assert v1.faults["bearing_wear"]["detected"] == blind.faults["bearing_wear"]["detected"] == 1
+    assert blind.recall < v1.recall == 1.0
+    assert v1.digest != blind.digest
+    assert agreement(v1, blind) < 1.0
