@@ -50,6 +50,14 @@ from streams.errors import BackpressureError, DeliveryError
 log = logging.getLogger("tangram.delivery")
 
 RECORDS_IN = Counter("tangram_processor_records_in_total", "Records consumed.", ["processor"])
+LAG = Gauge("tangram_processor_consumer_lag_records", "Records not yet committed, per input partition.",
+            ["processor", "topic", "partition"])
+INGEST_TO_COMMIT = Histogram(
+    "tangram_processor_ingest_to_commit_seconds",
+    "From a record's originating event entering Tangram (ingest_ms header) to this stage committing it (sampled).",
+    ["processor"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
 RECORDS_OUT = Counter("tangram_processor_records_out_total", "Records produced and acknowledged.", ["processor", "topic"])
 DEAD_LETTERS = Counter("tangram_processor_dead_letters_total", "Records sent to a DLQ.", ["processor", "reason"])
 BATCH_SECONDS = Histogram(
@@ -250,6 +258,9 @@ class Runner:
             "linger.ms": 5,
             "compression.type": "lz4",
             "delivery.timeout.ms": int(config.delivery_timeout_s * 1000),
+            # Delivery reports for failures only: no Python callback per acknowledged record.
+            "delivery.report.only.error": True,
+            "on_delivery": self._on_delivery,
         }
         if config.exactly_once:
             producer_conf["transactional.id"] = f"{config.group_id}-{config.group_instance_id or client_id}"
@@ -303,6 +314,7 @@ class Runner:
                 RECORDS_IN.labels(self.processor.name).inc(len(records))
                 self._deliver(outputs, offsets=self._positions(records))
                 BATCH_SECONDS.labels(self.processor.name).observe(time.perf_counter() - started)
+                self._observe_latency(records)
                 batches += 1
         finally:
             self.close()
@@ -409,16 +421,39 @@ class Runner:
             self.producer.commit_transaction(self.config.delivery_timeout_s)
         elif offsets:
             self.consumer.commit(offsets=offsets, asynchronous=False)
+        per_topic: dict[str, int] = {}
         for out in outputs:
-            RECORDS_OUT.labels(self.processor.name, out.topic).inc()
-            if out.headers.get("dlq.reason"):
+            per_topic[out.topic] = per_topic.get(out.topic, 0) + 1
+            if "dlq.reason" in out.headers:
                 DEAD_LETTERS.labels(self.processor.name, str(out.headers["dlq.reason"])).inc()
+        for topic, n in per_topic.items():
+            RECORDS_OUT.labels(self.processor.name, topic).inc(n)
+        self._observe(offsets)
+
+    def _observe_latency(self, records: list[Record], sample: int = 64) -> None:
+        """Ingest-to-commit latency of up to ``sample`` records of the batch, evenly spaced."""
+        now_ms = time.time() * 1000
+        histogram = INGEST_TO_COMMIT.labels(self.processor.name)
+        for record in records[:: max(1, len(records) // sample)]:
+            ingest = record.headers.get(H_INGEST_MS)
+            if ingest:
+                histogram.observe(max(0.0, now_ms - int(ingest)) / 1000)
+
+    def _observe(self, positions: list[TopicPartition]) -> None:
+        """Consumer lag per partition after a commit, from the high watermarks the last fetch brought."""
+        for tp in positions:
+            try:
+                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
+            except KafkaException:
+                continue
+            if high >= 0:
+                LAG.labels(self.processor.name, tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
 
     def _produce(self, out: Output) -> None:
         headers = [(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in out.headers.items()]
         while True:
             try:
-                self.producer.produce(out.topic, out.value, out.key, headers=headers, on_delivery=self._on_delivery)
+                self.producer.produce(out.topic, out.value, out.key, headers=headers)
                 return
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self.producer.poll(0.1)

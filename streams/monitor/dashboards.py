@@ -86,6 +86,10 @@ SERVICE = Dashboard("tangram-service", "Tangram · service layer", "Rates, error
     Panel("Dead letters by processor and reason", (
         ("sum by (processor, reason) (rate(tangram_processor_dead_letters_total[5m]))", "{{processor}} {{reason}}"),),
         "rps"),
+    Panel("Consumer lag per processor", (("sum by (processor) (tangram_processor_consumer_lag_records)",
+                                          "{{processor}}"),)),
+    Panel("Ingest → committed p50 / p95 / p99 (end-to-end age at each stage)",
+          _percentiles("tangram_processor_ingest_to_commit_seconds", "processor"), "s"),
     Panel("Batch time p50 / p95 / p99 (consume → commit)",
           _percentiles("tangram_processor_batch_duration_seconds", "processor"), "s"),
     Panel("Triton call p50 / p95 / p99", _percentiles("tangram_inference_triton_duration_seconds", "version"), "s"),
