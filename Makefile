@@ -8,13 +8,14 @@ PYTHON       ?= $(shell command -v python3.11 || command -v python3)
 VENV         := .venv
 TRITON_VENV  := .venv-triton
 FLINK_VENV   := .venv-flink
+FEAST_VENV   := .venv-feast
 BIN          := $(VENV)/bin
 UV           := $(PYTHON) -m uv
 DURATION     ?= 60
 
 .PHONY: setup demo test unit integration up down status clean system-deps jars model uv
 
-setup: system-deps $(VENV)/.installed $(TRITON_VENV)/.installed $(FLINK_VENV)/.installed jars model
+setup: system-deps $(VENV)/.installed $(TRITON_VENV)/.installed $(FLINK_VENV)/.installed $(FEAST_VENV)/.installed jars model
 
 # Java and Maven come with the machine; Redis comes from Debian's packages.
 system-deps:
@@ -52,6 +53,12 @@ $(FLINK_VENV)/.installed: streams/flink/requirements-flink.txt | uv
 	$(UV) pip install -q -p $(FLINK_VENV)/bin/python -r streams/flink/requirements-flink.txt
 	@touch $@
 
+# 4. The Feast environment: Feast pulls dask, pandas and pyarrow and constrains redis, so apart too.
+$(FEAST_VENV)/.installed: streams/feast/requirements-feast.txt | uv
+	$(UV) venv -q --allow-existing -p $(PYTHON) $(FEAST_VENV)
+	$(UV) pip install -q -p $(FEAST_VENV)/bin/python -r streams/feast/requirements-feast.txt
+	@touch $@
+
 # Kafka 4.x jars, resolved by Maven from Maven Central (cached in ~/.m2 between runs).
 jars: $(VENV)/.installed
 	$(BIN)/tangram stack jars
@@ -86,4 +93,4 @@ integration: setup
 	$(BIN)/pytest -q tests/integration
 
 clean: down
-	rm -rf .tangram $(VENV) $(TRITON_VENV) $(FLINK_VENV)
+	rm -rf .tangram $(VENV) $(TRITON_VENV) $(FLINK_VENV) $(FEAST_VENV)
