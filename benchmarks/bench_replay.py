@@ -15,6 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient
 from rich.console import Console
 
 from streams import PROJECT_ROOT
@@ -53,11 +54,9 @@ def main() -> None:
                       f"{args.minutes:g} min of traffic scored in {share:.1%} of that time")
     finally:
         delete_run(stack, run.run_id)
-        admin_topics = [t for t in topology.topics]
-        from confluent_kafka.admin import AdminClient
-
-        for _, f in AdminClient({"bootstrap.servers": stack.bootstrap_servers}).delete_topics(admin_topics).items():
-            f.result(timeout=30)
+        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        for _, future in admin.delete_topics(list(topology.topics), operation_timeout=30).items():
+            future.result(timeout=60)
         Path(live).unlink()
 
 
