@@ -86,7 +86,7 @@ def fill(stack: StackSettings, topic: str, n: int) -> None:
 
 
 def raw_loop(stack: StackSettings, source: str, sink: str, n: int, batch: int = 500) -> float:
-    """consume → produce unchanged → flush (acks) → commit; records/s from the first record consumed."""
+    """consume → produce unchanged → flush (acks) → commit (async); records/s from the first record consumed."""
     consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"raw-{uuid.uuid4().hex}",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
     producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all",
@@ -102,7 +102,7 @@ def raw_loop(stack: StackSettings, source: str, sink: str, n: int, batch: int = 
             for m in messages:
                 producer.produce(sink, m.value(), m.key(), headers=m.headers())
             assert producer.flush(30) == 0
-            consumer.commit(asynchronous=False)
+            consumer.commit(asynchronous=True)  # after the acks, like the delivery loop
             done += len(messages)
         return n / (time.perf_counter() - started)
     finally:

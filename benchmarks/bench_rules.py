@@ -59,7 +59,7 @@ def raw_loop(stack: StackSettings, source: str, sink: str, total: int) -> float:
         for m in batch:
             producer.produce(sink, m.value(), m.key(), headers=m.headers())
         assert producer.flush(30) == 0
-        consumer.commit(asynchronous=False)
+        consumer.commit(asynchronous=True)  # after the acks, like the delivery loop
         seen += len(batch)
     elapsed = time.perf_counter() - started
     consumer.close()

@@ -4,7 +4,8 @@ At-least-once (default)
     consume a micro-batch → ``processor.process`` → produce every output →
     wait until the broker acknowledged all of them (``acks=all``, idempotent
     producer) → ``processor.flush`` (side effects such as Redis writes) → commit
-    the offsets. A crash anywhere before the commit re-delivers the batch; nothing
+    the offsets (asynchronously: they follow acknowledged outputs; synchronously
+    on revocation and shutdown). A crash anywhere before the commit re-delivers the batch; nothing
     is committed that has not been delivered. Processors that keep state across
     batches (windows) say which offsets they still need (``committable``) and the
     commit never passes them.
@@ -40,7 +41,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import NamedTuple, Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
@@ -50,6 +51,8 @@ from streams.errors import BackpressureError, DeliveryError
 log = logging.getLogger("tangram.delivery")
 
 RECORDS_IN = Counter("tangram_processor_records_in_total", "Records consumed.", ["processor"])
+COMMIT_FAILURES = Counter("tangram_processor_commit_failures_total",
+                          "Offset commits the broker refused (those records are read again).", ["processor"])
 LAG = Gauge("tangram_processor_consumer_lag_records", "Records not yet committed, per input partition.",
             ["processor", "topic", "partition"])
 INGEST_TO_COMMIT = Histogram(
@@ -82,9 +85,8 @@ H_INGEST_MS = "ingest_ms"  # when the originating event entered Tangram; carried
 H_TRACEPARENT = "traceparent"  # W3C Trace Context, one span per hop
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One consumed record, as processors see it."""
+class Record(NamedTuple):
+    """One consumed record, as processors see it (a named tuple: built once per record on the hot path)."""
 
     topic: str
     partition: int
@@ -96,15 +98,9 @@ class Record:
 
     @classmethod
     def from_message(cls, msg: Message) -> "Record":
-        return cls(
-            topic=msg.topic(),
-            partition=msg.partition(),
-            offset=msg.offset(),
-            key=msg.key(),
-            value=msg.value(),
-            headers=dict(msg.headers() or ()),
-            timestamp_ms=msg.timestamp()[1],
-        )
+        headers = msg.headers()
+        return cls(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                   dict(headers) if headers else {}, msg.timestamp()[1])
 
     @property
     def where(self) -> str:
@@ -248,8 +244,10 @@ class Runner:
                 "max.poll.interval.ms": config.max_poll_interval_ms,
                 "session.timeout.ms": config.session_timeout_ms,
                 **({"group.instance.id": config.group_instance_id} if config.group_instance_id else {}),
+                "on_commit": self._on_commit,
             }
         )
+        self._committed: dict[tuple[str, int], int] = {}  # the newest position handed to commit, per partition
         producer_conf = {
             "bootstrap.servers": config.bootstrap_servers,
             "client.id": client_id,
@@ -324,8 +322,24 @@ class Runner:
             self.processor.close()
         finally:
             self.producer.flush(self.config.delivery_timeout_s)
+            self._commit_sync(list(self._committed))
             self.consumer.close()
             self.log.info("%s stopped", self.processor.name)
+
+    def _commit_sync(self, partitions: list[tuple[str, int]]) -> None:
+        """Commit the newest delivered positions of ``partitions`` and wait (revocation, shutdown)."""
+        offsets = [TopicPartition(t, p, self._committed[(t, p)]) for t, p in partitions if (t, p) in self._committed]
+        if not offsets or self.config.exactly_once:
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:  # e.g. the partitions already moved: their new owner reads them again
+            self.log.warning("final commit of %d partition(s) failed, they will be read again: %s", len(offsets), exc)
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if err is not None and err.code() != KafkaError._NO_OFFSET:
+            COMMIT_FAILURES.labels(self.processor.name).inc()
+            self.log.warning("offset commit failed (records will be read again): %s", err.str())
 
     # -- backpressure ------------------------------------------------------------------
     def _back_off(self, records: list[Record], reason: BackpressureError) -> None:
@@ -420,7 +434,12 @@ class Runner:
                 )
             self.producer.commit_transaction(self.config.delivery_timeout_s)
         elif offsets:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
+            # Asynchronous: the outputs are acknowledged already, so the guarantee holds whenever the
+            # commit lands; a commit lost to a crash only means those records are read once more.
+            # Revocation and shutdown commit synchronously (``_on_revoke``, ``close``).
+            self.consumer.commit(offsets=offsets, asynchronous=True)
+            for tp in offsets:
+                self._committed[(tp.topic, tp.partition)] = tp.offset
         per_topic: dict[str, int] = {}
         for out in outputs:
             per_topic[out.topic] = per_topic.get(out.topic, 0) + 1
@@ -491,4 +510,7 @@ class Runner:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.log.info("partitions revoked: %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))
+        self._commit_sync([(p.topic, p.partition) for p in partitions])
+        for p in partitions:
+            self._committed.pop((p.topic, p.partition), None)
         self.processor.on_revoke(partitions)
