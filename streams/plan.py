@@ -17,6 +17,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from streams.constraints import violations
 from streams.errors import TopologyError
+from streams.schemas_check import load_levels
 from streams.settings import StackSettings
 from streams.topology import Topology
 
@@ -25,7 +26,7 @@ TIMEOUT_S = 15.0
 
 @dataclass(frozen=True)
 class Change:
-    kind: str  # create-topic | add-partitions | alter-config | register-schema
+    kind: str  # create-topic | add-partitions | alter-config | set-compatibility | register-schema
     target: str
     detail: str
 
@@ -73,8 +74,12 @@ def plan(topology: Topology, stack: StackSettings) -> list[Change]:
             if diff:
                 changes.append(Change("alter-config", resource.name, ", ".join(f"{k}={current[k].value}→{v}" for k, v in diff.items())))
     registry = SchemaRegistryClient({"url": stack.registry_url, "timeout": TIMEOUT_S})
+    levels = load_levels()
     for subject, text in topology.subjects().items():
         try:
+            current = registry.get_compatibility(subject)  # the subject's level, else the global one
+            if current != levels.level(subject):
+                changes.append(Change("set-compatibility", subject, f"{current} → {levels.level(subject)}"))
             registry.lookup_schema(subject, Schema(text, "AVRO"))
         except SchemaRegistryError as exc:
             if exc.http_status_code != 404:
@@ -108,6 +113,13 @@ def apply(topology: Topology, stack: StackSettings) -> list[Change]:
             for _, future in admin.alter_configs([resource]).items():
                 _wait(future, f"alter configs of {c.target}")
     registry = SchemaRegistryClient({"url": stack.registry_url, "timeout": TIMEOUT_S})
+    levels = load_levels()
+    for c in changes:  # levels first: a new version is then checked under the declared rule
+        if c.kind == "set-compatibility":
+            try:
+                registry.set_compatibility(subject_name=c.target, level=levels.level(c.target))
+            except SchemaRegistryError as exc:
+                raise TopologyError(f"registry refused compatibility {levels.level(c.target)} for {c.target}: {exc}") from exc
     for c in changes:
         if c.kind == "register-schema":
             text = topology.subjects()[c.target]
