@@ -159,6 +159,63 @@ def online_reads(stack: StackSettings, devices: int = 10_000, seconds_each: floa
     client.close()
 
 
+def online_reads_open_loop(stack: StackSettings, rate: float = 10_000, seconds: float = 5.0,
+                           devices: int = 10_000) -> None:
+    """Open loop at a fixed rate: each call's latency runs from its scheduled time (queueing counts).
+
+    The same Redis commands as ``read_online_features`` (one HGETALL per key, pipelined), issued by
+    the asyncio client so that calls overlap as they would from several rule-processor replicas.
+    """
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    prefix = online_prefix(f"bench{uuid.uuid4().hex[:6]}", "features")
+    writer = OnlineWriter(stack.redis_url, prefix, FEATURE_SET)
+    for i in range(devices):
+        writer.stage({"device_id": f"dev-{i:05d}", "window_start": 0, "window_end": 5000, "count": 50,
+                      **{name: float(i) for name in FEATURE_SET.feature_names}})
+    writer.flush()
+    writer.close()
+    rng = np.random.default_rng(2)
+
+    async def run(keys: int) -> np.ndarray:
+        pool = aioredis.BlockingConnectionPool.from_url(stack.redis_url, max_connections=32, timeout=None)
+        client = aioredis.Redis(connection_pool=pool)
+        loop = asyncio.get_running_loop()
+        latencies: list[float] = []
+
+        async def call(scheduled: float) -> None:
+            pipe = client.pipeline(transaction=False)
+            for i in rng.integers(0, devices, keys):
+                pipe.hgetall(f"{prefix}:dev-{i:05d}")
+            await pipe.execute()
+            latencies.append(loop.time() - scheduled)
+
+        n = int(rate * seconds)
+        start = loop.time() + 0.05
+        tasks = []
+        for k in range(n):
+            scheduled = start + k / rate
+            if (delay := scheduled - loop.time()) > 0.001:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(call(scheduled)))
+        await asyncio.gather(*tasks)
+        elapsed = loop.time() - start
+        await client.aclose()
+        return np.array(latencies) * 1000, n / elapsed
+
+    print(f"online reads, open loop at {rate:,.0f} calls/s for {seconds:g}s ({devices:,} devices in Redis, asyncio client):")
+    for keys in (1, 10):
+        ms, achieved = asyncio.run(run(keys))
+        print(f"  {keys:>3} keys/call  achieved {achieved:>8,.0f} calls/s  p50 {np.percentile(ms, 50):6.3f} ms  "
+              f"p99 {np.percentile(ms, 99):6.3f} ms  (from the scheduled send time)")
+    client = redis.Redis.from_url(stack.redis_url, socket_timeout=5)
+    for key in client.scan_iter(f"{prefix}:*", count=1000):
+        client.delete(key)
+    client.close()
+
+
 def memory_per_10k_devices() -> None:
     """The embedded engine's state: one open window per device, half full (25 readings)."""
     rng = np.random.default_rng(1)
@@ -181,11 +238,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--devices", type=int, default=100)
     p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--reads-only", action="store_true", help="Only the online-read measurements.")
     args = p.parse_args()
     stack = StackSettings()
-    engines(stack, args.devices, args.seconds)
+    if not args.reads_only:
+        engines(stack, args.devices, args.seconds)
     online_reads(stack)
-    memory_per_10k_devices()
+    online_reads_open_loop(stack)
+    if not args.reads_only:
+        memory_per_10k_devices()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,11 @@ from streams.registry import compatibility
 
 DUPLICATES = Counter("tangram_ingest_duplicates_total", "Readings dropped as duplicates of an event_id already accepted.", ["processor"])
 REJECTED = Counter("tangram_ingest_rejected_total", "Readings refused by the validation path, by reason.", ["stream", "reason"])
+FIELD_REJECTED = Counter("tangram_ingest_field_rejected_total",
+                         "Readings refused because of one field (type, range, time), per field and reason.",
+                         ["stream", "field", "reason"])
+FIELD_MISSING = Counter("tangram_ingest_field_missing_total",
+                        "Accepted readings in which a field arrived null (a dropped sensor), per field.", ["stream", "field"])
 
 _HEADER = struct.Struct(">bI")
 #: Header an upstream producer may set to be rate-limited as one client on the Kafka path.
@@ -202,6 +207,7 @@ class Validator:
         self.schema = fastavro.parse_schema(_plain(schema))
         self.fields = {f["name"]: f for f in schema["fields"]}
         self._field_names = frozenset(self.fields)
+        self._nullable = tuple(n for n, f in self.fields.items() if isinstance(f["type"], list) and "null" in f["type"])
         self._field_prefix = f"{self.schema['name']}."
         checks = {f["name"]: _type_check(f["type"]) for f in schema["fields"]}
         self._checks = checks if all(checks.values()) else None  # None: a richer contract, fastavro validates
@@ -378,6 +384,9 @@ class Validator:
     def accept(self, record: dict) -> None:
         """Remember an accepted record: its event_id for dedup, its time for the out-of-order check."""
         self._remember_id(record["event_id"])
+        for name in self._nullable:
+            if record[name] is None:
+                FIELD_MISSING.labels(self.name, name).inc()
         entity, ts = record.get(self.settings.entity_field), record.get(self.settings.time_field)
         if entity is not None and ts is not None and self.settings.max_out_of_order_ms is not None:
             if ts > self._latest_ts.get(entity, ts - 1):
@@ -414,10 +423,16 @@ class Validator:
                 return None
             self.throttle({record[self.settings.entity_field]: 1}, client, time.monotonic() if now_s is None else now_s)
         except Rejected as exc:
-            REJECTED.labels(self.name, exc.reason).inc()
+            self.count(exc)
             raise
         self.accept(record)
         return record
+
+    def count(self, exc: Rejected, n: int = 1) -> None:
+        """Count a rejection by reason, and by field when one field caused it (input quality per field)."""
+        REJECTED.labels(self.name, exc.reason).inc(n)
+        if exc.field:
+            FIELD_REJECTED.labels(self.name, exc.field, exc.reason).inc(n)
 
     def admit_batch(self, readings: Iterable[Any], now_ms: int, *, client: str | None = None, now_s: float | None = None,
                     atomic: bool = True, sizes: Iterable[int] | None = None) -> BatchVerdict:
@@ -446,7 +461,7 @@ class Validator:
             in_batch.add(record["event_id"])
             candidates.append((index, record))
         for _, exc in verdict.rejected:
-            REJECTED.labels(self.name, exc.reason).inc()
+            self.count(exc)
         if verdict.duplicates:
             DUPLICATES.labels(self.name).inc(verdict.duplicates)
         if verdict.rejected and atomic:
@@ -457,7 +472,7 @@ class Validator:
         try:
             self.throttle(devices, client, time.monotonic() if now_s is None else now_s)
         except Rejected as exc:
-            REJECTED.labels(self.name, exc.reason).inc(len(candidates))
+            self.count(exc, len(candidates))
             verdict.throttled = exc
             return verdict
         for _, record in candidates:

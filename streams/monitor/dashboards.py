@@ -61,6 +61,9 @@ def _percentiles(metric: str, by: str) -> tuple[tuple[str, str], ...]:
 
 MODEL = Dashboard("tangram-model", "Tangram · model layer", "Look here first: is the model still seeing the world it "
                   "was trained on, and is it sure of itself?", (
+    Panel("Input quality: null fields and field rejections per field", (
+        ("sum by (field) (rate(tangram_ingest_field_missing_total[5m]))", "null {{field}}"),
+        ("sum by (field, reason) (rate(tangram_ingest_field_rejected_total[5m]))", "{{reason}} {{field}}")), "rps"),
     Panel("Prediction confidence p50 / p10", (
         (_q(0.5, "tangram_monitor_prediction_confidence", "version"), "p50 v{{version}}"),
         (_q(0.1, "tangram_monitor_prediction_confidence", "version"), "p10 v{{version}}")), "percentunit"),

@@ -56,3 +56,22 @@ def test_each_breach_is_rejected_with_its_reason(validator, key, value, reason, 
 def test_dedup_window_remembers_recent_event_ids(validator):
     assert [validator.is_duplicate(e) for e in ["a", "b", "a", "c", "d", "e", "a"]] == [
         False, False, True, False, False, False, False]
+
+
+def test_input_quality_is_counted_per_field():
+    from prometheus_client import REGISTRY
+
+    v = Validator(load_schema("pm.ingest.telemetry-value"), IngestSettings(ranges={"vibration": (0.0, 100.0)}), "quality")
+
+    def sample(name, **labels):
+        return REGISTRY.get_sample_value(name, {"stream": "quality", **labels}) or 0.0
+
+    v.admit(b"dev-1", reading(event_id="q1", rpm=None), NOW)
+    with pytest.raises(Rejected):
+        v.admit(b"dev-1", reading(event_id="q2", vibration=1e6), NOW)
+    with pytest.raises(Rejected):
+        v.admit(b"dev-1", reading(event_id="q3", temperature="hot"), NOW)
+    assert sample("tangram_ingest_field_missing_total", field="rpm") == 1
+    assert sample("tangram_ingest_field_missing_total", field="temperature") == 0
+    assert sample("tangram_ingest_field_rejected_total", field="vibration", reason="out_of_range") == 1
+    assert sample("tangram_ingest_field_rejected_total", field="temperature", reason="schema") == 1
