@@ -82,9 +82,9 @@ def produce_readings(bootstrap: str, topic: str, codec: AvroCodec, readings: lis
         raise AssertionError(f"not every reading reached {topic}")
 
 
-def read_rows(bootstrap: str, topic: str, codec: AvroCodec, partitions: int = 3,
-              idle_s: float = 2.0, timeout_s: float = 120.0) -> list[dict]:
-    """Every record of ``topic`` decoded, until nothing new arrived for ``idle_s``."""
+def read_rows(bootstrap: str, topic: str, codec: AvroCodec | None, partitions: int = 3,
+              idle_s: float = 2.0, timeout_s: float = 120.0) -> list:
+    """Every record of ``topic`` decoded (raw messages when ``codec`` is None), until nothing new arrived for ``idle_s``."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])

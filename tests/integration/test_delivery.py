@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from streams import PROJECT_ROOT
 from streams.avro import codec
+from streams.features.testing import read_rows
 from streams.plan import apply
 from streams.run import make_runner
 from streams.topology import load_schema, load_topology
@@ -31,19 +32,8 @@ def reading(device: str, i: int) -> dict:
 
 
 def read_all(stack, topic: str, partitions: int, idle_s: float = 2.0, timeout_s: float = 60.0) -> list:
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"reader-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    out, last, deadline = [], time.monotonic(), time.monotonic() + timeout_s
-    try:
-        while time.monotonic() - last < idle_s and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, 0.2):
-                if not msg.error():
-                    out.append(msg)
-                    last = time.monotonic()
-    finally:
-        consumer.close()
-    return out
+    """Every record of ``topic`` (raw messages), until nothing new arrived for ``idle_s``."""
+    return read_rows(stack.bootstrap_servers, topic, None, partitions, idle_s, timeout_s)
 
 
 def wait_for_count(stack, topic: str, partitions: int, at_least: int, timeout_s: float = 60.0) -> int:
