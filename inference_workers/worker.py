@@ -16,9 +16,10 @@ run concurrently, each with its deadline. What happens when something fails:
 Routing (:mod:`inference_workers.routing`): production and challenger side by side, a canary
 share by a stable hash of the key, or shadow mode where the challenger scores a copy whose
 predictions go to ``shadow_topic`` and are never acted on. Every prediction names the model and
-version that produced it. The routing can change without a restart (``routing_file``): the new
-versions are contract-checked first, the switch happens between two batches, and the clients of
-versions no longer routed are closed.
+version that produced it. The routing can change without a restart (``routing_file``, the model
+registry) with Triton's explicit model control: Triton loads the new versions beside the served ones,
+they are contract-checked, the switch happens between two batches, then Triton unloads the versions no
+longer routed. A replica still calling an unloaded version gets "unavailable": backpressure, never loss.
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ from inference_workers.routing import (
     RoutingSettings,
     VersionRouting,
 )
-from inference_workers.triton_client import ModelContract, TensorContract, TritonModel
+from inference_workers.triton_client import ModelContract, ModelRepository, TensorContract, TritonModel
 from streams.avro import AvroCodec, WireFormatError
+from streams.columnar import MapColumn
 from streams.context import BuildContext
 from streams.delivery import (
     H_EVENT_ID,
+    H_TRACE_ID,
     Output,
     Processor,
     Record,
@@ -102,6 +105,8 @@ class InferenceSettings(BaseModel):
     classes: tuple[str, ...] = Field(("healthy", "bearing_wear", "overheating"), description="Output columns, in order.")
     healthy_class: str = Field("healthy", description="score = 1 - P(healthy_class).")
     timeout_s: float = Field(2.0, gt=0, description="Deadline of each Triton call.")
+    load_timeout_s: float = Field(60.0, gt=0, description="Deadline of loading a model version into Triton "
+                                                          "(explicit model control) when the routing needs it.")
     max_row_attempts: int = Field(3, ge=1, description="Tries of a row Triton refuses before it goes to the DLQ.")
     routing: RoutingSettings | None = Field(None, description="Production/challenger versions, canary or shadow.")
     routing_file: str | None = Field(None, description="JSON RoutingSettings re-read on change (switch without restart).")
@@ -127,6 +132,20 @@ class _Group:
     route: str
 
 
+@dataclasses.dataclass(frozen=True)
+class _Windows:
+    """A batch's feature windows as columns (row i of each belongs to record i)."""
+
+    device_ids: list[str]
+    starts: np.ndarray
+    ends: np.ndarray
+    matrix: np.ndarray  # rows × FEATURE_NAMES, float32
+
+    def take(self, rows: np.ndarray) -> "_Windows":
+        picked = rows.tolist()
+        return _Windows([self.device_ids[i] for i in picked], self.starts[rows], self.ends[rows], self.matrix[rows])
+
+
 class InferenceWorker(Processor):
     """``DeviceWindow`` (Avro) → ``AnomalyPrediction`` (Avro) through Triton."""
 
@@ -137,6 +156,10 @@ class InferenceWorker(Processor):
                  bootstrap_servers: str | None = None, model_repository: Path | None = None):
         self.input_codec = input_codec
         self.output_codec = output_codec
+        self.input_batch = input_codec.batch
+        if output_codec.batch is None:
+            raise TopologyError(f"{self.name}: the predictions schema {output_codec.subject!r} is not a flat record")
+        self.output_batch = output_codec.batch
         self.output_topic = output_topic
         self.shadow_topic = shadow_topic
         self.dlq_topic = dlq_topic
@@ -152,6 +175,8 @@ class InferenceWorker(Processor):
         self.model_repository = model_repository
         self.watcher: ModelRegistryWatcher | None = None
         self._registry_routing: Routing | None = None  # set by the watcher's thread, applied between batches
+        self._pending: RoutingSettings | None = None  # a routing change Triton could not take yet: retried
+        self.repository = ModelRepository(triton_url, settings.timeout_s, settings.load_timeout_s)  # explicit control
         self.config: ConfigSubscriber | None = None
         self.models: dict[ModelTarget, TritonModel] = {}
         self.row_failures: dict[tuple[str, int, int], int] = {}
@@ -191,6 +216,7 @@ class InferenceWorker(Processor):
         plan = self.routing.plan
         if plan.shadow and not self.shadow_topic:
             raise TopologyError(f"processor {self.name!r}: shadow routing needs `shadow_topic` in its params")
+        self.loop.run_until_complete(self._serve(plan.targets))
         for target in plan.targets:
             self.loop.run_until_complete(self._model(target))
         log.info("%s routing: %s", self.name, plan.describe())
@@ -206,6 +232,25 @@ class InferenceWorker(Processor):
                 raise
             self.models[target] = model
         return model
+
+    async def _serve(self, targets: Sequence[ModelTarget]) -> None:
+        """Explicit model control, "load the new": Triton loads each version of ``targets`` it does not serve yet,
+        beside the versions it serves (InferenceError when it refuses, Unavailable when it does not answer)."""
+        for model in sorted({t.model for t in targets}):
+            if loaded := await self.repository.serve(model, {t.version for t in targets if t.model == model}):
+                log.info("%s: Triton loaded %s versions %s for the routing", self.name, model, sorted(loaded))
+
+    async def _retire(self, targets: Sequence[ModelTarget]) -> None:
+        """Explicit model control, "unload the old": Triton stops serving ``targets``, which no batch of this
+        worker uses any more; versions the routing uses stay. A failure is only logged (the version stays loaded)."""
+        routed = self.routing.plan.targets
+        try:
+            for model in sorted({t.model for t in targets}):
+                old = {t.version for t in targets if t.model == model} - {t.version for t in routed if t.model == model}
+                if retired := await self.repository.retire(model, old):
+                    log.info("%s: Triton unloaded %s versions %s, no longer routed", self.name, model, sorted(retired))
+        except InferenceError as exc:
+            log.warning("%s: unloading %s failed, it stays loaded: %s", self.name, ", ".join(map(str, targets)), exc)
 
     def _on_registry_change(self, before: Routing, after: Routing) -> None:
         if after.model == self.settings.model:
@@ -230,7 +275,14 @@ class InferenceWorker(Processor):
         )
 
     def _refresh_routing(self) -> None:
-        """Switch to new routing (registry or routing file), once its versions pass the contract check."""
+        """Switch to new routing (registry or routing file) between two batches: load the new, switch, unload the old.
+
+        Triton loads the versions the new routing needs that it does not serve (explicit model
+        control), they pass the contract check, the routing switches (this worker has no batch in
+        flight), then Triton unloads the versions no longer routed. A change Triton refuses is
+        logged and the current routing stays; one it cannot take now (down, past a deadline) is
+        retried at the next refresh.
+        """
         settings = None
         if self._registry_routing is not None:
             routing, self._registry_routing = self._registry_routing, None
@@ -242,19 +294,28 @@ class InferenceWorker(Processor):
         elif self.routing_file is not None:
             settings = self.routing_file.poll()
         if settings is None:
+            settings, self._pending = self._pending, None
+        if settings is None:
             return
         try:
             plan = self.routing.candidate(settings)
             if plan.shadow and not self.shadow_topic:
                 raise TopologyError("shadow routing needs `shadow_topic` in the processor's params")
+            self.loop.run_until_complete(self._serve(plan.targets))
             for target in plan.targets:
                 self.loop.run_until_complete(self._model(target))
+        except InferenceUnavailableError as exc:
+            self._pending = settings
+            log.warning("%s: routing change waits for Triton, keeping %s: %s", self.name, self.routing.plan.describe(), exc)
+            return
         except (InferenceError, TopologyError) as exc:
             log.error("%s: routing change refused, keeping %s: %s", self.name, self.routing.plan.describe(), exc)
             return
-        self.routing.switch(plan)
+        previous = self.routing.switch(plan)
         for target in [t for t in self.models if t not in plan.targets]:
             self.loop.run_until_complete(self.models.pop(target).close())
+        if dropped := [t for t in previous.targets if t not in plan.targets]:
+            self.loop.run_until_complete(self._retire(dropped))
 
     def degradation_level(self) -> str:
         """The config center's manual degradation level, when this worker follows it; L0 otherwise."""
@@ -268,11 +329,18 @@ class InferenceWorker(Processor):
         return plan
 
     def ready(self) -> bool:
-        """True when Triton answers and every routed version is ready (each probe has the call deadline)."""
+        """True when Triton answers and every routed version is ready (each probe has the call deadline).
+
+        A routing change waiting meanwhile is applied first (the batch was put back). A routed version
+        Triton does not serve (another replica unloaded it after its own switch, Triton restarted with
+        its repository's version policy) is loaded again.
+        """
+        self._refresh_routing()
         plan = self.routing.plan
 
         async def probe() -> bool:
             try:
+                await self._serve(plan.targets)
                 models = [await self._model(t) for t in plan.targets]
             except InferenceError:
                 return False
@@ -292,36 +360,28 @@ class InferenceWorker(Processor):
         for model in self.models.values():
             self.loop.run_until_complete(model.close())
         self.models.clear()
+        self.loop.run_until_complete(self.repository.close())
         self.loop.close()
 
     # -- the work ----------------------------------------------------------------------
     def process(self, batch: list[Record]) -> list[Output]:
         self._refresh_routing()
         outputs: list[Output] = []
-        records: list[Record] = []
-        windows: list[dict] = []
-        for record in batch:
-            try:
-                windows.append(self.input_codec.decode(record.value))
-            except WireFormatError as exc:
-                outputs.append(dead_letter(record, self.dlq_topic, self.name, exc, "undecodable"))
-                continue
-            records.append(record)
-        if not records:
+        records, windows = self._windows(batch, outputs)
+        if windows is None:
             return outputs
-        matrix = np.array([[w[name] for name in FEATURE_NAMES] for w in windows], dtype=np.float32)
-        finite = np.isfinite(matrix).all(axis=1)
+        finite = np.isfinite(windows.matrix).all(axis=1)
         if not finite.all():
             outputs.extend(dead_letter(records[i], self.dlq_topic, self.name, "non-finite feature value", "bad_features")
                            for i in np.flatnonzero(~finite))
-            records = [r for r, ok in zip(records, finite) if ok]
-            windows = [w for w, ok in zip(windows, finite) if ok]
-            matrix = matrix[finite]
+            keep = np.flatnonzero(finite)
+            records, windows = [records[i] for i in keep], windows.take(keep)
             if not records:
                 return outputs
         QUEUE_WAIT.labels(self.name).observe(max(0.0, time.time() - min(r.timestamp_ms for r in records) / 1000))
         plan = self._effective_plan()
-        groups = self._groups(plan, [w["device_id"] for w in windows])
+        groups = self._groups(plan, windows.device_ids)
+        matrix = windows.matrix
 
         async def score_all() -> list:
             return await asyncio.gather(*(self._score(g.target, matrix[g.rows]) for g in groups), return_exceptions=True)
@@ -346,11 +406,34 @@ class InferenceWorker(Processor):
                        for i, exc in dead.items())
         for group, probabilities, bad, seconds in scored:
             topic = self.shadow_topic if group.route == ROUTE_SHADOW else self.output_topic
-            before = len(outputs)
-            outputs.extend(self._predictions([records[i] for i in group.rows], [windows[i] for i in group.rows],
-                                             probabilities, set(bad), group.target, seconds, topic))
-            ROWS.labels(group.target.model, group.target.version, group.route).inc(len(outputs) - before)
+            kept = np.ones(len(group.rows), dtype=bool)
+            kept[list(bad)] = False
+            rows = group.rows[kept]
+            outputs.extend(self._predictions([records[i] for i in rows.tolist()], windows.take(rows),
+                                             probabilities[kept], group.target, seconds, topic))
+            ROWS.labels(group.target.model, group.target.version, group.route).inc(len(rows))
         return outputs
+
+    def _windows(self, batch: list[Record], outputs: list[Output]) -> tuple[list[Record], _Windows | None]:
+        """The batch's feature windows as columns: the whole batch at once when every value reads
+        cleanly in the contract's schema, else record by record (undecodable ones to the DLQ)."""
+        columns = self.input_batch.decode([r.value for r in batch]) if self.input_batch is not None else None
+        records = batch
+        if columns is None:
+            records, decoded = [], []
+            for record in batch:
+                try:
+                    decoded.append(self.input_codec.decode(record.value))
+                except WireFormatError as exc:
+                    outputs.append(dead_letter(record, self.dlq_topic, self.name, exc, "undecodable"))
+                    continue
+                records.append(record)
+            if not records:
+                return records, None
+            columns = {name: [w[name] for w in decoded] for name in ("device_id", "window_start", "window_end", *FEATURE_NAMES)}
+        matrix = np.column_stack([np.asarray(columns[name], dtype=np.float32) for name in FEATURE_NAMES])
+        return records, _Windows(list(columns["device_id"]), np.asarray(columns["window_start"], dtype=np.int64),
+                                 np.asarray(columns["window_end"], dtype=np.int64), matrix)
 
     def _groups(self, plan: RoutingPlan, keys: Sequence[str]) -> list[_Group]:
         everyone = np.arange(len(keys))
@@ -440,35 +523,29 @@ class InferenceWorker(Processor):
         BATCH_ROWS.labels(target.model, target.version).observe(len(matrix))
         return result
 
-    def _predictions(self, records: list[Record], windows: list[dict], probabilities: np.ndarray, skip: set[int],
+    def _predictions(self, records: list[Record], windows: _Windows, probabilities: np.ndarray,
                      target: ModelTarget, seconds: float, topic: str) -> list[Output]:
-        """One prediction per row (rows in ``skip`` were refused), label and scores computed column-wise."""
-        s = self.settings
-        best = probabilities.argmax(axis=1).tolist()
-        confidence = probabilities.max(axis=1).tolist()
-        score = (1.0 - probabilities[:, s.classes.index(s.healthy_class)]).tolist()
-        rows = probabilities.tolist()
-        inference_ms = seconds * 1000
-        outputs = []
-        for j, (record, window) in enumerate(zip(records, windows)):
-            if j in skip:
-                continue
-            device = window["device_id"]
-            event_id = f"{target.model}:{target.version}:{device}:{window['window_start']}"
-            prediction = {
-                "event_id": event_id,
-                "device_id": device,
-                "window_start": window["window_start"],
-                "window_end": window["window_end"],
-                "score": score[j],
-                "label": s.classes[best[j]],
-                "confidence": confidence[j],
-                "probabilities": dict(zip(s.classes, rows[j])),
-                "model_name": target.model,
-                "model_version": target.version,
-                "inference_ms": inference_ms,
-                "trace_id": record.header("trace_id"),
-            }
-            headers = carry_headers(record, **{H_EVENT_ID: event_id})
-            outputs.append(Output(topic, device, self.output_codec.encode(prediction), headers))
-        return outputs
+        """One prediction per row, computed column-wise and encoded as one batch."""
+        s, n = self.settings, len(records)
+        if n == 0:
+            return []
+        classes = tuple(s.classes)
+        labels = np.asarray(classes, dtype=object)[probabilities.argmax(axis=1)].tolist()
+        prefix = f"{target.model}:{target.version}:"
+        event_ids = [f"{prefix}{d}:{w}" for d, w in zip(windows.device_ids, windows.starts.tolist())]
+        values = self.output_batch.encode({
+            "event_id": event_ids,
+            "device_id": windows.device_ids,
+            "window_start": windows.starts,
+            "window_end": windows.ends,
+            "score": 1.0 - probabilities[:, classes.index(s.healthy_class)],
+            "label": labels,
+            "confidence": probabilities.max(axis=1),
+            "probabilities": MapColumn(classes, probabilities),
+            "model_name": [target.model] * n,
+            "model_version": [target.version] * n,
+            "inference_ms": np.full(n, seconds * 1000),
+            "trace_id": [r.header(H_TRACE_ID) for r in records],
+        }, n)
+        return [Output(topic, device, value, carry_headers(record, **{H_EVENT_ID: event_id}))
+                for record, device, value, event_id in zip(records, windows.device_ids, values, event_ids)]

@@ -13,13 +13,14 @@ import copy
 import io
 import json
 import struct
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 import fastavro
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from streams.columnar import BatchCodec
 from streams.errors import SchemaError
 
 MAGIC_BYTE = 0
@@ -90,6 +91,16 @@ class AvroCodec:
         self.schema_json = schema
         self.schema = fastavro.parse_schema(_plain(copy.deepcopy(schema)))
         self._header = _HEADER.pack(MAGIC_BYTE, self.schema_id)
+
+    @property
+    def header(self) -> bytes:
+        """The 5 bytes that start every value this codec writes: magic byte and schema id."""
+        return self._header
+
+    @cached_property
+    def batch(self) -> BatchCodec | None:
+        """Whole-batch encoding and decoding of this schema (``None``: not a flat record; use ``encode``/``decode``)."""
+        return BatchCodec(self.schema_json, self._header) if BatchCodec.supports(self.schema_json) else None
 
     def encode(self, record: dict) -> bytes:
         buf = io.BytesIO()

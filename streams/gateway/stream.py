@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass
 
 from streams.avro import AvroCodec, codec
-from streams.delivery import H_EVENT_ID, H_INGEST_MS, H_TRACE_ID, H_TRACEPARENT, Output, Record, dead_letter, traceparent
+from streams.delivery import Output, Record, dead_letter
 from streams.gateway.errors import GatewayError
-from streams.ingest import H_CLIENT_ID, IngestSettings, Rejected, Validator, trace_id_for
+from streams.ingest import H_CLIENT_ID, IngestSettings, Rejected, Validator, ingest_headers
 from streams.settings import StackSettings
 from streams.topology import Topology, load_schema
 
@@ -44,9 +44,7 @@ class IngestStream:
 
     def accepted(self, record: dict, trace_id: str | None, ingest_ms: int) -> Output:
         """The Avro output of an accepted reading."""
-        trace = trace_id or trace_id_for(record["event_id"])
-        headers = {H_EVENT_ID: record["event_id"], H_TRACE_ID: trace, H_TRACEPARENT: traceparent(trace, record["event_id"]),
-                   H_INGEST_MS: str(ingest_ms)}
+        headers = ingest_headers(record["event_id"], trace_id or "", ingest_ms)
         return Output(self.output_topic, record[self.validator.settings.entity_field], self.codec.encode(record), headers)
 
     def rejected(self, exc: Rejected, value: bytes, source: str, *, key: bytes | None = None, client: str | None = None,

@@ -1,0 +1,151 @@
+"""The batch codec writes exactly fastavro's bytes and reads only what it can prove."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import fastavro
+import numpy as np
+import pytest
+
+from streams.avro import _plain
+from streams.columnar import BatchCodec, MapColumn
+from streams.topology import load_schema
+
+HEADER = struct.pack(">bI", 0, 42)
+
+SCHEMA = {
+    "type": "record", "name": "Everything", "namespace": "t",
+    "fields": [
+        {"name": "id", "type": "string"},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "n", "type": "int"},
+        {"name": "x", "type": "double"},
+        {"name": "f", "type": "float"},
+        {"name": "ok", "type": "boolean"},
+        {"name": "maybe", "type": ["null", "double"]},
+        {"name": "later", "type": ["string", "null"]},
+        {"name": "blob", "type": "bytes"},
+        {"name": "level", "type": {"type": "enum", "name": "Level", "symbols": ["LOW", "MID", "HIGH"]}},
+    ],
+}
+
+
+def fastavro_bytes(schema: dict, record: dict) -> bytes:
+    buf = io.BytesIO()
+    buf.write(HEADER)
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(_plain(schema)), record)
+    return buf.getvalue()
+
+
+def rows(n: int, seed: int = 7) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    big = [0, 1, -1, 63, 64, -64, -65, 2**31 - 1, -(2**31), 2**53, -(2**62), 2**63 - 1, -(2**63)]
+    out = []
+    for i in range(n):
+        out.append({
+            "id": f"dev-{i}-" + "é" * (i % 3) + "x" * int(rng.integers(0, 200)),
+            "ts": big[i % len(big)] if i % 2 else int(rng.integers(-(2**40), 2**40)),
+            "n": int(rng.integers(-(2**31), 2**31)),
+            "x": float(rng.normal() * 10 ** int(rng.integers(-5, 5))),
+            "f": float(np.float32(rng.normal())),
+            "ok": bool(i % 3 == 0),
+            "maybe": None if i % 4 == 0 else float(rng.normal()),
+            "later": None if i % 5 == 1 else f"s{i}",
+            "blob": bytes(rng.integers(0, 256, int(rng.integers(0, 20))).astype(np.uint8)),
+            "level": ["LOW", "MID", "HIGH"][i % 3],
+        })
+    return out
+
+
+def columns(records: list[dict]) -> dict[str, list]:
+    return {f["name"]: [r[f["name"]] for r in records] for f in SCHEMA["fields"]}
+
+
+def test_encode_writes_fastavros_bytes():
+    records = rows(500)
+    encoded = BatchCodec(SCHEMA, HEADER).encode(columns(records), len(records))
+    assert encoded == [fastavro_bytes(SCHEMA, r) for r in records]
+
+
+def test_encode_takes_numpy_columns_and_maps_with_fixed_keys():
+    schema = load_schema("pm.predictions.anomaly-value")
+    n = 300
+    rng = np.random.default_rng(3)
+    probabilities = rng.random((n, 3))
+    classes = ("healthy", "bearing_wear", "overheating")
+    cols = {
+        "event_id": [f"e{i}" for i in range(n)], "device_id": [f"dev-{i % 7}" for i in range(n)],
+        "window_start": np.arange(n, dtype=np.int64) * 5000 + 1_800_000_000_000,
+        "window_end": np.arange(n, dtype=np.int64) * 5000 + 1_800_000_005_000,
+        "score": 1 - probabilities[:, 0], "label": [classes[i % 3] for i in range(n)],
+        "confidence": probabilities.max(axis=1), "probabilities": MapColumn(classes, probabilities),
+        "model_name": ["anomaly"] * n, "model_version": ["2"] * n, "inference_ms": np.full(n, 1.25),
+        "trace_id": ["0" * 32] * n,
+    }
+    encoded = BatchCodec(schema, HEADER).encode(cols, n)
+    for i in (0, 1, n // 2, n - 1):
+        expected = {k: (v[i].item() if isinstance(v, np.ndarray) else v[i]) for k, v in cols.items() if k != "probabilities"}
+        expected["probabilities"] = dict(zip(classes, probabilities[i].tolist()))
+        assert encoded[i] == fastavro_bytes(schema, expected)
+
+
+def test_decode_reads_back_what_fastavro_wrote():
+    records = rows(400, seed=11)
+    values = [fastavro_bytes(SCHEMA, r) for r in records]
+    decoded = BatchCodec(SCHEMA, HEADER).decode(values)
+    assert decoded is not None
+    for name in ("id", "ts", "n", "x", "ok", "maybe", "later", "blob", "level"):
+        column = decoded[name]
+        got = column.tolist() if isinstance(column, np.ndarray) else column
+        assert got == [r[name] for r in records], name
+    assert np.allclose(decoded["f"], [r["f"] for r in records])
+
+
+def test_decode_of_the_feature_contract_gives_numpy_columns():
+    schema = load_schema("pm.features.device_window-value")
+    record = {f["name"]: 1.5 for f in schema["fields"]}
+    record.update(device_id="dev-1", window_start=1_800_000_000_000, window_end=1_800_000_005_000, count=50)
+    decoded = BatchCodec(schema, HEADER).decode([fastavro_bytes(schema, record)] * 3)
+    assert decoded["device_id"] == ["dev-1"] * 3
+    assert decoded["window_start"].dtype == np.int64 and decoded["window_start"].tolist() == [1_800_000_000_000] * 3
+    assert decoded["temperature_mean"].dtype == np.float64
+
+
+@pytest.mark.parametrize("damage", ["truncated", "trailing", "other_schema_id", "bad_magic", "none", "bad_utf8",
+                                    "bad_branch", "bad_enum", "short"])
+def test_decode_refuses_a_batch_with_any_bad_value(damage):
+    records = rows(20, seed=5)
+    values: list = [fastavro_bytes(SCHEMA, r) for r in records]
+    victim = values[7]
+    values[7] = {
+        "truncated": victim[:-1],
+        "trailing": victim + b"\x00",
+        "other_schema_id": struct.pack(">bI", 0, 43) + victim[5:],
+        "bad_magic": b"\x01" + victim[1:],
+        "none": None,
+        "bad_utf8": fastavro_bytes(SCHEMA, {**records[7], "id": "ab"}).replace(b"ab", b"\xff\xfe"),
+        "bad_branch": None,
+        "bad_enum": None,
+        "short": b"\x00\x00",
+    }[damage]
+    if damage in ("bad_branch", "bad_enum"):
+        schema = {"type": "record", "name": "Small", "fields": [
+            {"name": "maybe", "type": ["null", "long"]},
+            {"name": "level", "type": {"type": "enum", "name": "L", "symbols": ["A", "B"]}}]}
+        good = fastavro_bytes(schema, {"maybe": 5, "level": "B"})
+        bad = HEADER + (b"\x04\x0a\x02" if damage == "bad_branch" else b"\x02\x0a\x04")
+        decoded = BatchCodec(schema, HEADER).decode([good, good])
+        assert decoded["maybe"].tolist() == [5, 5] and decoded["level"] == ["B", "B"]
+        assert BatchCodec(schema, HEADER).decode([good, bad, good]) is None
+        return
+    assert BatchCodec(SCHEMA, HEADER).decode(values) is None
+    assert BatchCodec(SCHEMA, HEADER).decode(values[:7] + values[8:]) is not None
+
+
+def test_unsupported_schemas_are_said_so():
+    nested = {"type": "record", "name": "N", "fields": [{"name": "inner", "type": {"type": "array", "items": "long"}}]}
+    assert not BatchCodec.supports(nested)
+    assert BatchCodec.supports(SCHEMA)
+    assert BatchCodec(load_schema("pm.predictions.anomaly-value"), HEADER).can_decode is False  # maps: encode only
