@@ -43,7 +43,8 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import NamedTuple, Iterable, Mapping
+from types import MappingProxyType
+from typing import Iterable, Mapping, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
@@ -114,14 +115,18 @@ class Record(NamedTuple):
         return value.decode("utf-8", "replace") if value is not None else default
 
 
-@dataclass(frozen=True, slots=True)
-class Output:
-    """One record to produce. ``key`` is the entity (UTF-8) so partitioning is by entity."""
+_NO_HEADERS: Mapping[str, str | bytes] = MappingProxyType({})
+
+
+class Output(NamedTuple):
+    """One record to produce. ``key`` is the entity (UTF-8) so partitioning is by entity.
+
+    A named tuple, like :class:`Record`: built once per record on the hot path."""
 
     topic: str
     key: str | bytes | None
     value: bytes | None
-    headers: Mapping[str, str | bytes] = field(default_factory=dict)
+    headers: Mapping[str, str | bytes] = _NO_HEADERS
 
 
 def traceparent(trace_id: str, span_of: str) -> str:
@@ -304,7 +309,9 @@ class Runner:
         try:
             while not self._stop.is_set() and (max_batches is None or batches < max_batches):
                 messages = self.consumer.consume(cfg.batch_size, cfg.max_wait_ms / 1000)
-                records = [Record.from_message(m) for m in messages if self._usable(m)]
+                records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
+                                  dict(h) if (h := m.headers()) else {}, m.timestamp()[1])
+                           for m in messages if m.error() is None or self._usable(m)]  # Record.from_message, inlined
                 if not records:
                     if outputs := self.processor.idle():
                         self._deliver(outputs, offsets=[])
@@ -493,9 +500,8 @@ class Runner:
 
     def _positions(self, records: Iterable[Record]) -> list[TopicPartition]:
         """Next offset to read per partition, held back to what stateful processors still need."""
-        last: dict[tuple[str, int], int] = {}
-        for r in records:
-            last[(r.topic, r.partition)] = max(last.get((r.topic, r.partition), -1), r.offset)
+        # one consume() brings each partition's records in offset order: the last one seen is the highest
+        last = {(r.topic, r.partition): r.offset for r in records}
         positions = []
         for (topic, partition), offset in last.items():
             tp = TopicPartition(topic, partition)

@@ -16,12 +16,14 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import operator
 import struct
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Literal
 
 import fastavro
@@ -468,7 +470,7 @@ class Validator:
         s, limits = self.settings, self.settings.rate_limits
         if self._allowed is None or limits.per_client or limits.per_device:
             return None
-        if any(v is None for v in values) or max(map(len, values)) > s.max_record_bytes:
+        if None in values or max(map(len, values)) > s.max_record_bytes:
             return None
         try:
             key_texts = [k.decode("utf-8") if k is not None else None for k in keys]
@@ -476,7 +478,7 @@ class Validator:
         except (UnicodeDecodeError, orjson.JSONDecodeError):
             return None
         names = self._field_names
-        if not all(type(r) is dict and r.keys() == names for r in readings):
+        if set(map(type, readings)) != {dict} or not all(map(operator.eq, map(dict.keys, readings), repeat(names))):
             return None
         columns = {name: [r[name] for r in readings] for name in self.fields}
         for name, allowed in self._allowed.items():
@@ -505,10 +507,11 @@ class Validator:
             if max(ahead) > s.max_future_skew_ms or min(ahead) < -s.max_age_ms:
                 return None
         entities = columns.get(s.entity_field)
-        if entities is not None and any(k is not None and e is not None and k != e for k, e in zip(key_texts, entities)):
+        if entities is not None and key_texts != entities and any(
+                k is not None and e is not None and k != e for k, e in zip(key_texts, entities)):
             return None
         ids = columns["event_id"]
-        if s.dedup_window > 0 and (len(set(ids)) != len(ids) or any(map(self._seen.__contains__, ids))):
+        if s.dedup_window > 0 and (len(set(ids)) != len(ids) or not self._seen.keys().isdisjoint(ids)):
             return None
         if s.max_out_of_order_ms is not None and entities is not None and ts is not None:
             latest: dict[str, int] = {}
@@ -595,6 +598,10 @@ def trace_id_for(event_id: str) -> str:
     return hashlib.sha256(event_id.encode()).hexdigest()[:32]
 
 
+def _text(header: bytes | None) -> str:
+    return header.decode("utf-8", "replace") if header is not None else ""
+
+
 def ingest_headers(event_id: str, trace_id: str, ingest_ms: int) -> dict[str, str]:
     """The headers of an accepted reading: its id, its trace (``trace_id``, or one derived from the
     event id) and the ingest hop's ``traceparent``, and when it entered Kafka (HTTP, MQTT or Kafka path alike)."""
@@ -669,6 +676,6 @@ class IngestValidator(Processor):
         """The outputs of a batch the validator accepted whole: encoded as one batch, same headers as one by one."""
         values = self.batch.encode(columns, len(batch))
         topic = self.output_topic
-        return [Output(topic, entity, value, ingest_headers(event_id, record.header(H_TRACE_ID), record.timestamp_ms))
+        return [Output(topic, entity, value, ingest_headers(event_id, _text(record.headers.get(H_TRACE_ID)), record.timestamp_ms))
                 for record, event_id, entity, value
                 in zip(batch, columns["event_id"], columns[self.validator.settings.entity_field], values)]
