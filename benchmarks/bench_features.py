@@ -7,13 +7,17 @@ Needs a running stack (`tangram up`, or TANGRAM_* variables pointing at one) and
 Prints:
 - events/s through the embedded engine, the Faust job and the PyFlink job (local mini-cluster),
   each as a ratio to a raw confluent-kafka consume of the same records;
-- online-store read latency p50/p99 and QPS at 1, 10 and 100 keys per call;
+- online-store reads (Feast's Redis layout) at 1, 10 and 100 keys per call: one client closed loop,
+  then open loop at fixed rates (latency from each call's scheduled time), the blocking reader
+  (``read_online_features`` from several processes, the baseline) beside ``OnlineLookup``;
 - memory of the embedded engine's state per 10k devices with half-full windows.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import re
 import subprocess
 import sys
@@ -22,6 +26,7 @@ import threading
 import time
 import tracemalloc
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +36,8 @@ from confluent_kafka import Consumer, TopicPartition
 from streams import PROJECT_ROOT
 from streams.avro import codec
 from streams.features import FEATURE_SET, EntityWindows, faust_job
-from streams.features.online import OnlineWriter, online_prefix, read_online_features
+from streams.feast.layout import FeastLayout
+from streams.features.online import OnlineLookup, OnlineWriter, read_online_features
 from streams.features.testing import count_records, create_topics, produce_readings, recorded_readings
 from streams.flink.launcher import job_argv, run_job
 from streams.plan import apply
@@ -101,7 +107,7 @@ def engines(stack: StackSettings, devices: int, seconds: float) -> None:
     print(f"  embedded engine (delivery loop)            {rate:>10,.0f} events/s    {rate / raw:.3f}×")
 
     argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
-                             redis_url=stack.redis_url, prefix=f"tangram:{prefix}:faust", source=source,
+                             redis_url=stack.redis_url, project=f"{prefix}-faust", source=source,
                              output=output + "_faust", dlq=f"{prefix}.dlq.faust", group=f"{prefix}.faust")
     t0 = time.monotonic()
     worker = subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
@@ -120,7 +126,7 @@ def engines(stack: StackSettings, devices: int, seconds: float) -> None:
     timings = []
     for src, count in ((f"{prefix}.ingest.small", len(small)), (source, n)):
         argv = job_argv(stack, dlq=f"{prefix}.dlq.flink", group=f"{prefix}.flink-{count}", source=src,
-                        output=output + "_flink", bounded=True)
+                        output=output + "_flink", bounded=True, online_project=f"{prefix}-flink")
         t0 = time.monotonic()
         run_job(argv, timeout_s=900, log_path=tmp / f"flink-{count}.log")
         timings.append((count, time.monotonic() - t0))
@@ -130,78 +136,152 @@ def engines(stack: StackSettings, devices: int, seconds: float) -> None:
           f"   (marginal, start excluded: {marginal:,.0f}/s, {marginal / raw:.3f}×)")
 
 
-def online_reads(stack: StackSettings, devices: int = 10_000, seconds_each: float = 2.0) -> None:
-    prefix = online_prefix(f"bench{uuid.uuid4().hex[:6]}", "features")
-    writer = OnlineWriter(stack.redis_url, prefix, FEATURE_SET)
-    names = FEATURE_SET.feature_names
+def _fill_online_store(stack: StackSettings, devices: int) -> FeastLayout:
+    """``devices`` rows in Feast's Redis layout under a fresh project, as the engines write them."""
+    layout = FeastLayout.of(FEATURE_SET, f"bench{uuid.uuid4().hex[:6]}")
+    writer = OnlineWriter(stack.redis_url, layout)
     for i in range(devices):
         writer.stage({"device_id": f"dev-{i:05d}", "window_start": 0, "window_end": 5000, "count": 50,
-                      **{name: float(i) for name in names}})
+                      **{name: float(i) for name in FEATURE_SET.feature_names}})
     writer.flush()
     writer.close()
+    return layout
+
+
+def _drop_project(stack: StackSettings, layout: FeastLayout, devices: int) -> None:
+    client = redis.Redis.from_url(stack.redis_url, socket_timeout=5)
+    keys = [layout.key(f"dev-{i:05d}") for i in range(devices)]
+    for at in range(0, len(keys), 1000):
+        client.delete(*keys[at:at + 1000])
+    client.close()
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
+
+
+def online_reads(stack: StackSettings, layout: FeastLayout, devices: int, seconds_each: float = 2.0) -> None:
+    """One client, closed loop: the cost of one call of ``read_online_features`` with nothing else running."""
     client = redis.Redis.from_url(stack.redis_url, socket_timeout=5)
     rng = np.random.default_rng(0)
-    print(f"online reads ({devices:,} devices in Redis, one client, closed loop, read_online_features):")
+    print(f"online reads, one client, closed loop ({devices:,} devices in Feast's layout, read_online_features):")
     for keys in (1, 10, 100):
         lat = []
         deadline = time.perf_counter() + seconds_each
         while time.perf_counter() < deadline:
             ids = [f"dev-{i:05d}" for i in rng.integers(0, devices, keys)]
             t0 = time.perf_counter()
-            read_online_features(client, ids, prefix)
+            read_online_features(client, ids, layout)
             lat.append(time.perf_counter() - t0)
         ms = np.array(lat) * 1000
         qps = len(lat) / ms.sum() * 1000
         print(f"  {keys:>3} keys/call  p50 {np.percentile(ms, 50):6.3f} ms  p99 {np.percentile(ms, 99):6.3f} ms  "
               f"{qps:>8,.0f} calls/s  {qps * keys:>9,.0f} keys/s")
-    for key in client.scan_iter(f"{prefix}:*", count=1000):
-        client.delete(key)
     client.close()
 
 
-def _open_loop_worker(args: tuple[str, str, int, float, float, int, int, float]) -> list[float]:
-    """One reader process: calls at ``rate``/s from ``start`` (wall clock); latency from each scheduled time."""
-    url, prefix, devices, rate, seconds, keys, seed, start = args
-    client = redis.Redis.from_url(url, socket_timeout=5)
-    rng = np.random.default_rng(seed)
-    latencies = []
-    for k in range(int(rate * seconds)):
-        scheduled = start + k / rate
+@dataclass(frozen=True)
+class OpenLoop:
+    """One open-loop run: ``rate`` calls/s in all, ``keys`` keys a call, for ``seconds``, from ``processes``."""
+
+    url: str
+    layout: FeastLayout
+    devices: int
+    rate: float
+    seconds: float
+    keys: int
+    processes: int
+    start: float  # wall clock of the first scheduled call
+
+    def calls(self, seed: int) -> list[list[str]]:
+        rng = np.random.default_rng(seed)
+        n = int(self.rate / self.processes * self.seconds)
+        return [[f"dev-{i:05d}" for i in rng.integers(0, self.devices, self.keys)] for _ in range(n)]
+
+
+def _sync_reader(job: tuple[OpenLoop, int]) -> tuple[np.ndarray, float]:
+    """Baseline reader process: one call at a time with ``read_online_features`` (blocking client)."""
+    run, seed = job
+    client = redis.Redis.from_url(run.url, socket_timeout=5)
+    calls, rate = run.calls(seed), run.rate / run.processes
+    latencies = np.empty(len(calls))
+    for k, ids in enumerate(calls):
+        scheduled = run.start + k / rate
         if (delay := scheduled - time.time()) > 0:
             time.sleep(delay)
-        read_online_features(client, [f"dev-{i:05d}" for i in rng.integers(0, devices, keys)], prefix)
-        latencies.append(time.time() - scheduled)
+        read_online_features(client, ids, run.layout)
+        latencies[k] = time.time() - scheduled
     client.close()
-    return latencies
+    return latencies, time.time()
 
 
-def online_reads_open_loop(stack: StackSettings, rate: float = 10_000, seconds: float = 5.0,
-                           devices: int = 10_000, processes: int = 4) -> None:
-    """Open loop at a fixed total rate from several reader processes (as several rule-processor replicas
-    would read): each call's latency runs from its scheduled time, so queueing behind a slow call counts."""
+def _async_reader(job: tuple[OpenLoop, int]) -> tuple[np.ndarray, float, int]:
+    """Reader process serving its callers with one ``OnlineLookup``: each call a task started at its
+    scheduled time (later if the loop is busy: that delay counts), lookups coalesced into round trips."""
+    run, seed = job
+
+    async def main() -> tuple[np.ndarray, float, int]:
+        lookup = OnlineLookup(run.url, run.layout)
+        await lookup.get(["dev-00000"])  # connect and load the script before the clock starts
+        loop = asyncio.get_running_loop()
+        calls, rate = run.calls(seed), run.rate / run.processes
+        latencies = np.full(len(calls), np.nan)
+        start = loop.time() + (run.start - time.time())
+        pending: set[asyncio.Task] = set()
+
+        async def call(k: int, scheduled: float) -> None:
+            await lookup.get(calls[k])
+            latencies[k] = loop.time() - scheduled
+
+        k = 0
+        while k < len(calls):
+            due = min(len(calls), int((loop.time() - start) * rate) + 1)
+            while k < due:
+                task = asyncio.create_task(call(k, start + k / rate))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                k += 1
+            await asyncio.sleep(max(0.0, start + k / rate - loop.time()))
+        if pending:
+            await asyncio.gather(*pending)
+        trips = lookup.round_trips
+        await lookup.close()
+        return latencies, time.time(), trips
+
+    return asyncio.run(main())
+
+
+def online_reads_open_loop(stack: StackSettings, layout: FeastLayout, devices: int, seconds: float = 5.0,
+                           baseline_processes: int = 4, lookup_processes: int = 1) -> None:
+    """Open loop at fixed rates: every call has a scheduled send time and its latency runs from there,
+    so a call queued behind a slow one counts (no coordinated omission)."""
     from multiprocessing import Pool
 
-    prefix = online_prefix(f"bench{uuid.uuid4().hex[:6]}", "features")
-    writer = OnlineWriter(stack.redis_url, prefix, FEATURE_SET)
-    for i in range(devices):
-        writer.stage({"device_id": f"dev-{i:05d}", "window_start": 0, "window_end": 5000, "count": 50,
-                      **{name: float(i) for name in FEATURE_SET.feature_names}})
-    writer.flush()
-    writer.close()
-    print(f"online reads, open loop at {rate:,.0f} calls/s in all from {processes} processes for {seconds:g}s "
-          f"({devices:,} devices in Redis, read_online_features):")
-    for keys in (1, 10):
-        start = time.time() + 1.0
-        jobs = [(stack.redis_url, prefix, devices, rate / processes, seconds, keys, p, start) for p in range(processes)]
-        with Pool(processes) as pool:
-            ms = np.concatenate([np.array(x) for x in pool.map(_open_loop_worker, jobs)]) * 1000
-        achieved = len(ms) / (seconds + ms.max() / 1000)
-        print(f"  {keys:>3} keys/call  {len(ms):,} calls (about {achieved:,.0f}/s)  p50 {np.percentile(ms, 50):6.3f} ms  "
-              f"p99 {np.percentile(ms, 99):6.3f} ms  (from the scheduled send time)")
-    client = redis.Redis.from_url(stack.redis_url, socket_timeout=5)
-    for key in client.scan_iter(f"{prefix}:*", count=1000):
-        client.delete(key)
-    client.close()
+    print(f"online reads, open loop, {seconds:g} s a run ({devices:,} devices in Feast's layout; {_load()}):")
+    print("  reader                                   keys  target/s  achieved/s  keys/s     p50 ms    p99 ms   p99.9 ms")
+    plan = [(1, 10_000), (10, 10_000), (10, 1_000), (100, 1_000), (100, 100)]
+    readers = [("baseline: read_online_features, blocking", _sync_reader, baseline_processes),
+               ("OnlineLookup (asyncio, coalescing)", _async_reader, lookup_processes)]
+    for keys, rate in plan:
+        baseline_p99 = None
+        for name, reader, processes in readers:
+            run = OpenLoop(stack.redis_url, layout, devices, rate, seconds, keys, processes, time.time() + 1.5)
+            with Pool(processes) as pool:
+                results = pool.map(reader, [(run, seed) for seed in range(processes)])
+            ms = np.concatenate([r[0] for r in results]) * 1000
+            took = max(r[1] for r in results) - run.start
+            achieved = len(ms) / took
+            p99 = np.percentile(ms, 99)
+            extra = ""
+            if baseline_p99 is None:
+                baseline_p99 = p99
+            else:
+                extra = f"  p99 {p99 / baseline_p99:.2f}× the baseline's, {sum(r[2] for r in results):,} round trips"
+            label = f"{name}, {processes} proc"
+            print(f"  {label:<40} {keys:>4} {rate:>9,.0f} {achieved:>11,.0f} {achieved * keys:>8,.0f}  "
+                  f"{np.percentile(ms, 50):8.3f}  {p99:8.3f}  {np.percentile(ms, 99.9):9.3f}{extra}", flush=True)
+    print(f"  (after the runs: {_load()})")
 
 
 def memory_per_10k_devices() -> None:
@@ -227,12 +307,20 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=100)
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--reads-only", action="store_true", help="Only the online-read measurements.")
+    p.add_argument("--online-devices", type=int, default=10_000, help="Entities in the online store for the reads.")
+    p.add_argument("--baseline-processes", type=int, default=4, help="Blocking reader processes (baseline).")
+    p.add_argument("--lookup-processes", type=int, default=1, help="OnlineLookup reader processes.")
     args = p.parse_args()
     stack = StackSettings()
     if not args.reads_only:
         engines(stack, args.devices, args.seconds)
-    online_reads(stack)
-    online_reads_open_loop(stack)
+    layout = _fill_online_store(stack, args.online_devices)
+    try:
+        online_reads(stack, layout, args.online_devices)
+        online_reads_open_loop(stack, layout, args.online_devices, baseline_processes=args.baseline_processes,
+                               lookup_processes=args.lookup_processes)
+    finally:
+        _drop_project(stack, layout, args.online_devices)
     if not args.reads_only:
         memory_per_10k_devices()
 

@@ -1,8 +1,9 @@
 """``python -m streams.feast apply|sync|get`` (run with ``.venv-feast/bin/python``).
 
     apply  write the Feast repository for the declared feature sets and register them (FeatureStore.apply)
-    sync   consume a features topic and push its rows to Feast's online store (Redis)
-    get    read entities back through Feast's online store, as JSON
+    get    read entities back through Feast's online store (get_online_features), as JSON
+    sync   backfill: push the rows of a features topic into Feast's online store (the engines
+           write it themselves; this refills it, e.g. a new or emptied Redis, from the topic)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from streams import PROJECT_ROOT
 from streams.features.spec import DEFAULT_FEATURE_SET, load_feature_set
-from streams.feast.repo import default_home, default_redis, repo_dir
+from streams.feast.repo import default_home, default_project, default_redis, repo_dir
 
 
 def _kafka_default() -> str:
@@ -48,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     p_apply = sub.add_parser("apply", parents=[common], help="write the repository and register it with Feast")
     p_apply.add_argument("--redis", default=default_redis(),
                          help="Feast's online store, host:port (default: %(default)s)")
-    p_apply.add_argument("--project", default="tangram", help="Feast project (default: %(default)s)")
+    p_apply.add_argument("--project", default=default_project(),
+                         help="Feast project: the one the engines write to, the topology's app (default: %(default)s)")
 
-    p_sync = sub.add_parser("sync", parents=[common], help="push a features topic into Feast's online store")
+    p_sync = sub.add_parser("sync", parents=[common],
+                            help="backfill: push a features topic's rows into Feast's online store")
     p_sync.add_argument("--bootstrap", default=_kafka_default())
     p_sync.add_argument("--registry", default=_registry_default(), help="schema registry URL")
     p_sync.add_argument("--topic", help="features topic (default: the declaration's output topic)")

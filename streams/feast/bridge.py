@@ -1,4 +1,9 @@
-"""The features topic into Feast's online store: whatever engine computed the rows.
+"""Backfill: the features topic into Feast's online store, through Feast's own push.
+
+The engines write Feast's Redis store themselves (``streams.feast.layout``), so this is not
+on the live path: it refills the store from the topic when Redis is new or was emptied, or for
+rows from an engine run without an online store. Feast's writer and the engines' write the same
+bytes and keep the same rule (the newest ``window_end`` wins), so the two can run side by side.
 
 Consumes the output topic of a feature set (Confluent-framed Avro: magic byte 0, 4-byte schema
 id, Avro binary; the writer schema fetched once per id from the registry's REST API,
@@ -29,7 +34,7 @@ import fastavro
 from streams.errors import SchemaError
 from streams.features.spec import FeatureSet
 from streams.features.wire import RegistryREST, plain
-from streams.feast.repo import EVENT_TIMESTAMP, INT_COLUMNS, Names, feature_columns
+from streams.feast.repo import EVENT_TIME_COLUMN, EVENT_TIMESTAMP, INT_COLUMNS, Names, feature_columns
 
 log = logging.getLogger("tangram.feast.sync")
 
@@ -84,7 +89,7 @@ def to_frame(fs: FeatureSet, rows: list[dict]):
     import pandas as pd
 
     frame = pd.DataFrame(rows, columns=[fs.entity.join_key, *feature_columns(fs)])
-    frame[EVENT_TIMESTAMP] = pd.to_datetime(frame["window_end"], unit="ms", utc=True)
+    frame[EVENT_TIMESTAMP] = pd.to_datetime(frame[EVENT_TIME_COLUMN], unit="ms", utc=True)
     for c in INT_COLUMNS:
         frame[c] = frame[c].astype("int64")
     for c in fs.feature_names:

@@ -6,7 +6,7 @@
 - ``feature_store.yaml``: ``provider: local``, a file registry (``registry.db``), the file
   offline store (no service) and Feast's Redis online store on ``host:port``, with the declared
   online TTL as ``key_ttl_seconds`` (Feast keeps one Redis hash per entity, so the TTL is the
-  entity's, as in Tangram's own layout);
+  entity's; the engines write that layout themselves, ``streams.feast.layout``, with the same TTL);
 - ``<feature set>.py``: the definitions, generated with the declaration's values as literals, so
   that ``feast apply`` / ``feast plan`` run in the repository folder see exactly what
   ``python -m streams.feast apply`` registers: an ``Entity`` for the join key, a ``FileSource``
@@ -33,10 +33,23 @@ from streams.features.spec import FeatureSet
 
 #: Columns of the pushed rows that are not features: the entity's key and Feast's event time.
 EVENT_TIMESTAMP = "event_timestamp"
+#: The row's column that is its event time for Feast (``_ts:<view>`` in Redis): the window's end, epoch ms.
+EVENT_TIME_COLUMN = "window_end"
+#: How Feast serializes entity keys in this repository (``feature_store.yaml``) and in ``streams.feast.layout``.
+ENTITY_KEY_SERIALIZATION_VERSION = 3
 
 
 def default_home() -> Path:
     return Path(os.environ.get("TANGRAM_HOME", PROJECT_ROOT / ".tangram"))
+
+
+#: The topology whose ``app`` names the Feast project by default.
+REFERENCE_TOPOLOGY = PROJECT_ROOT / "topologies" / "predictive_maintenance.yaml"
+
+
+def default_project(topology: str | Path = REFERENCE_TOPOLOGY) -> str:
+    """The Feast project the engines of ``topology`` write to unless told otherwise: its ``app`` (``pm``)."""
+    return str(yaml.safe_load(Path(topology).read_text())["app"])
 
 
 def default_redis() -> str:
@@ -87,7 +100,7 @@ def store_config(project: str, redis: str, home: str | Path, ttl_s: int) -> dict
         "registry": {"registry_type": "file", "path": str(data / "registry.db"), "cache_ttl_seconds": 60},
         "offline_store": {"type": "file"},
         "online_store": {"type": "redis", "connection_string": redis, "key_ttl_seconds": ttl_s},
-        "entity_key_serialization_version": 3,
+        "entity_key_serialization_version": ENTITY_KEY_SERIALIZATION_VERSION,
     }
 
 

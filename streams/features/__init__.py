@@ -6,7 +6,8 @@
 - ``engine``: the embedded engine, a processor of the delivery loop (``WindowFeatures``);
 - ``faust_job``: the same feature set as a Faust app with windowed tables;
 - ``streams.flink.job``: the same feature set as a PyFlink job (Flink environment);
-- ``online``: the Redis online store (writes, and the reads the rules make).
+- ``online``: the online store, Feast's Redis store (writes, and the reads the rules make);
+  its key layout lives in ``streams.feast.layout``.
 
 ``spec`` and ``compute`` need only numpy, pydantic and PyYAML, so the Flink environment
 imports them; the Kafka- and Redis-bound names load on first use.
@@ -32,9 +33,9 @@ from streams.features.spec import FeatureSet, load_feature_set
 _LAZY = {
     "WindowFeatures": "streams.features.engine",
     "WindowFeaturesSettings": "streams.features.engine",
-    "online_prefix": "streams.features.online",
-    "online_key": "streams.features.online",
+    "online_layout": "streams.features.engine",
     "read_online_features": "streams.features.online",
+    "OnlineLookup": "streams.features.online",
     "OnlineWriter": "streams.features.online",
 }
 
@@ -44,6 +45,7 @@ __all__ = [
     "FEATURE_SET",
     "EntityWindows",
     "FeatureSet",
+    "OnlineLookup",
     "OnlineWriter",
     "WindowFeatures",
     "WindowFeaturesSettings",
@@ -51,8 +53,7 @@ __all__ = [
     "compute_window",
     "feature_vector",
     "load_feature_set",
-    "online_key",
-    "online_prefix",
+    "online_layout",
     "read_online_features",
     "window_features",
 ]

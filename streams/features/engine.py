@@ -9,6 +9,11 @@ passes the first offset of a window still open there, so a restarted job rebuild
 windows by re-reading. Windows already emitted are recognised by the ``window_end`` stored
 with the entity in the online store (written after the broker acknowledged the window,
 before the commit) and are not emitted twice.
+
+The online store is Feast's Redis store (``streams.feast.layout``): the newest row of each
+entity under the Feast project named after the topology's ``app`` (so a namespaced copy of the
+topology, a replay or a test, writes its own project), ``FeatureStore.get_online_features``
+serves it and the rules read it (``online_layout``).
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
 from streams.features.compute import EntityWindows, output_row
 from streams.errors import TopologyError
-from streams.features.online import OnlineWriter, online_prefix
+from streams.feast.layout import FeastLayout
+from streams.features.online import OnlineWriter
 from streams.features.shadow import ShadowComparator
 from streams.features.shadow import encode as encode_difference
 from streams.features.spec import DEFAULT_FEATURE_SET, FeatureSet, load_feature_set
+from streams.topology import Topology
 
 log = logging.getLogger("tangram.features")
 
@@ -40,12 +47,19 @@ class WindowFeaturesSettings(BaseModel):
 
     feature_set: str = Field(str(DEFAULT_FEATURE_SET.relative_to(DEFAULT_FEATURE_SET.parents[2])),
                              description="The feature-set declaration (YAML), relative to the project root.")
-    key_prefix: str | None = Field(None, description="Redis key prefix of the online store; default `tangram:<app>:<processor>`.")
     redis_retry_s: float = Field(300.0, gt=0, description="How long online-store writes are retried while Redis is down.")
     shadow_feature_set: str | None = Field(None, description="A new version of the feature set, computed beside the live "
                                                              "one and compared with it; never served.")
     shadow_topic: str | None = Field(None, description="Where differing shadow rows are sampled (JSON); an output.")
     shadow_sample_every: int = Field(1, ge=1, description="Send one differing row in N to the shadow topic.")
+
+
+def online_layout(topology: Topology, processor: str = "features") -> FeastLayout:
+    """Where the features processor ``processor`` of ``topology`` keeps its rows: its feature set, in
+    the Feast project named after the topology's app (the default feature set when there is no such processor)."""
+    spec = topology.processors.get(processor)
+    settings = WindowFeaturesSettings.model_validate(spec.params if spec is not None else {})
+    return FeastLayout.of(load_feature_set(settings.feature_set), topology.app)
 
 
 class WindowFeatures(Processor):
@@ -55,15 +69,15 @@ class WindowFeatures(Processor):
 
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
                  redis_url: str, settings: WindowFeaturesSettings, feature_set: FeatureSet | None = None,
-                 shadow_topic: str | None = None):
+                 shadow_topic: str | None = None, project: str = "tangram"):
         self.input_codec = input_codec
         self.output_codec = output_codec
         self.output_topic = output_topic
         self.dlq_topic = dlq_topic
         self.settings = settings
         self.fs = feature_set or load_feature_set(settings.feature_set)
-        self.store = OnlineWriter(redis_url, settings.key_prefix or "tangram", self.fs,
-                                  retry_s=settings.redis_retry_s)
+        self.layout = FeastLayout.of(self.fs, project)
+        self.store = OnlineWriter(redis_url, self.layout, retry_s=settings.redis_retry_s)
         self._entities: dict[str, EntityWindows] = {}
         self.shadow_topic = shadow_topic
         self.shadow = (ShadowComparator(self.fs, load_feature_set(settings.shadow_feature_set), self.name)
@@ -72,8 +86,7 @@ class WindowFeatures(Processor):
 
     @classmethod
     def build(cls, ctx: BuildContext) -> WindowFeatures:
-        settings = WindowFeaturesSettings.model_validate({"key_prefix": online_prefix(ctx.topology.app, ctx.name),
-                                                          **ctx.spec.params})
+        settings = WindowFeaturesSettings.model_validate(ctx.spec.params)
         (source,) = ctx.spec.inputs
         outputs = [t for t in ctx.spec.outputs if t != settings.shadow_topic]
         if settings.shadow_feature_set and settings.shadow_topic not in ctx.spec.outputs:
@@ -82,7 +95,7 @@ class WindowFeatures(Processor):
             raise TopologyError(f"processor {ctx.name!r}: expected one features output besides the shadow topic")
         return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), output_topic=outputs[0],
                    dlq_topic=ctx.dlq, redis_url=ctx.stack.redis_url, settings=settings,
-                   shadow_topic=settings.shadow_topic)
+                   shadow_topic=settings.shadow_topic, project=ctx.topology.app)
 
     def setup(self) -> None:
         self.store.setup()

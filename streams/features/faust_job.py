@@ -14,11 +14,13 @@ rows to the other engines (``tests/integration/test_parity.py``) and Faust's rec
 Delivery: a window's output record is acknowledged by the broker before the state that
 says "emitted" is written to the table, and the state remembers the offset of the last
 reading applied, so a reading re-delivered after a crash is not counted twice: outputs may
-repeat (same ``event_id``), never go missing. Late readings go to the DLQ topic.
+repeat (same ``event_id``), never go missing. Late readings go to the DLQ topic. The newest row
+of each entity goes to the online store, Feast's Redis store (``streams.feast.layout``), under
+the Feast project ``--project``.
 
     python -m streams.features.faust_job --bootstrap 127.0.0.1:9092 --registry http://127.0.0.1:8081 \\
         --redis redis://127.0.0.1:6379/0 --source pm.ingest.telemetry --output pm.features.device_window \\
-        --dlq pm.dlq.features --group pm.features-faust --prefix tangram:pm:features
+        --dlq pm.dlq.features --group pm.features-faust --project pm
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import faust
 
 from streams.avro import WireFormatError, codec
 from streams.features.compute import EntityWindows, output_row
+from streams.feast.layout import FeastLayout
 from streams.features.online import OnlineWriter
 from streams.features.spec import DEFAULT_FEATURE_SET, load_feature_set
 from streams.topology import load_schema
@@ -47,7 +50,7 @@ def build_app(args: argparse.Namespace) -> faust.App:
     fs = load_feature_set(args.feature_set)
     in_codec = codec(args.registry, fs.source.schema_, load_schema(fs.source.schema_))
     out_codec = codec(args.registry, fs.output.schema_, load_schema(fs.output.schema_))
-    store = OnlineWriter(args.redis, args.prefix, fs)
+    store = OnlineWriter(args.redis, FeastLayout.of(fs, args.project))
     app = faust.App(
         args.group, broker=f"kafka://{args.bootstrap}", store="memory://", web_enabled=False,
         topic_partitions=args.partitions, topic_replication_factor=1, consumer_auto_offset_reset="earliest",
@@ -106,11 +109,11 @@ def build_app(args: argparse.Namespace) -> faust.App:
     return app
 
 
-def command(python: str, *, bootstrap: str, registry: str, redis_url: str, prefix: str, source: str, output: str,
+def command(python: str, *, bootstrap: str, registry: str, redis_url: str, project: str, source: str, output: str,
             dlq: str, group: str, feature_set: str | None = None) -> list[str]:
     """The command line of a worker of this app."""
     argv = [python, "-m", "streams.features.faust_job", "--bootstrap", bootstrap, "--registry", registry,
-            "--redis", redis_url, "--prefix", prefix, "--source", source, "--output", output, "--dlq", dlq,
+            "--redis", redis_url, "--project", project, "--source", source, "--output", output, "--dlq", dlq,
             "--group", group]
     return argv + (["--feature-set", feature_set] if feature_set else [])
 
@@ -120,7 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--registry", required=True)
     p.add_argument("--redis", required=True, help="Online store URL.")
-    p.add_argument("--prefix", required=True, help="Online store key prefix (tangram:<app>:<processor>).")
+    p.add_argument("--project", required=True,
+                   help="Feast project of the online store (Feast's Redis layout), e.g. the topology's app.")
     p.add_argument("--feature-set", default=str(DEFAULT_FEATURE_SET))
     p.add_argument("--source", required=True)
     p.add_argument("--output", required=True)

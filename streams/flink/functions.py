@@ -4,6 +4,10 @@
 (``streams.features.compute.EntityWindows``) in a ``KeyedProcessFunction`` keyed by the Kafka
 key; the entity's state lives in Flink keyed state, so checkpoints carry it. Late and
 undecodable readings go to the ``LATE`` side output with their original bytes and the reason.
+Given a Redis URL, it also writes the newest row of each entity to the online store, Feast's
+Redis layout (``streams.feast.layout``), as the other engines do: after the windows of an element
+closed, before their rows reach the Kafka sink; a job restored from a checkpoint recomputes and
+rewrites them (Feast's rule keeps the newest ``window_end``, so the rewrite changes nothing).
 """
 
 from __future__ import annotations
@@ -33,9 +37,10 @@ class WindowFunction(KeyedProcessFunction):
     """Raw Kafka records of one entity → output rows of the windows they close; late ones → side output."""
 
     def __init__(self, feature_set: str, registry_url: str, source_subject: str, output_subject: str,
-                 source_topic: str):
+                 source_topic: str, redis_url: str | None = None, project: str | None = None):
         self.feature_set, self.registry_url = feature_set, registry_url
         self.source_subject, self.output_subject, self.source_topic = source_subject, output_subject, source_topic
+        self.redis_url, self.project = redis_url, project
 
     def open(self, ctx: RuntimeContext) -> None:
         self.fs: FeatureSet = load_feature_set(self.feature_set)
@@ -43,6 +48,19 @@ class WindowFunction(KeyedProcessFunction):
         self.source = WireCodec(registry, self.source_subject, _schema(self.source_subject))
         self.output = WireCodec(registry, self.output_subject, _schema(self.output_subject))
         self.state = ctx.get_state(ValueStateDescriptor("entity", Types.PICKLED_BYTE_ARRAY()))
+        self.store = None
+        if self.redis_url:
+            from streams.feast.layout import FeastLayout
+            from streams.features.online import OnlineWriter
+
+            if not self.project:
+                raise ValueError("the online store needs its Feast project (--project)")
+            self.store = OnlineWriter(self.redis_url, FeastLayout.of(self.fs, self.project))
+            self.store.setup()
+
+    def close(self) -> None:
+        if getattr(self, "store", None) is not None:
+            self.store.close()
 
     def process_element(self, value: Row, ctx: KeyedProcessFunction.Context):
         headers = dict(value.headers or {})
@@ -66,9 +84,14 @@ class WindowFunction(KeyedProcessFunction):
             yield LATE, _dead_letter(value, headers, "late", f"reading at {ts} is late: its windows are already closed",
                                      self.source_topic)
             return
-        for window in closed:
+        rows = [output_row(fs, entity, window) for window in closed]
+        if rows and self.store is not None:
+            for row in rows:
+                self.store.stage(row)
+            self.store.flush()
+        for window, row in zip(closed, rows):
             out_headers = {**(window["window"].last or {}), **carried, "event_id": f"{entity}:{window['start']}".encode()}
-            yield Row(k=entity, v=self.output.encode(output_row(fs, entity, window)), headers=out_headers)
+            yield Row(k=entity, v=self.output.encode(row), headers=out_headers)
 
 
 def _dead_letter(value: Row, headers: dict, reason: str, message: str, source_topic: str) -> Row:

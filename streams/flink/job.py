@@ -10,10 +10,11 @@ schema evolution follows the registry exactly as in the embedded engine.
 The windowing is the shared per-entity state machine (``streams.features.compute.EntityWindows``)
 in a ``KeyedProcessFunction`` keyed by the Kafka key, its state in Flink keyed state (so
 checkpoints carry it). Late readings go to the DLQ topic with their original bytes and the
-reason, as in the embedded engine.
+reason, as in the embedded engine. With ``--redis`` the newest row of each entity also goes to the
+online store, Feast's Redis layout under ``--project``, as in the other engines.
 
     python -m streams.flink.job --bootstrap 127.0.0.1:9092 --registry http://127.0.0.1:8081 \\
-        --jar <home>/flink/lib/flink-sql-connector-kafka-*.jar [--bounded]
+        --jar <home>/flink/lib/flink-sql-connector-kafka-*.jar [--bounded] [--redis redis://127.0.0.1:6379/0 --project pm]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pyflink.common import Configuration, Row, Types
 from pyflink.datastream import StreamExecutionEnvironment
 from pyflink.table import StreamTableEnvironment
 
+from streams.feast.repo import default_project
 from streams.features.spec import DEFAULT_FEATURE_SET, load_feature_set
 from streams.flink.functions import LATE, RECORD, WindowFunction
 
@@ -69,7 +71,7 @@ def build_job(t_env: StreamTableEnvironment, env: StreamExecutionEnvironment, ar
     records = t_env.to_data_stream(t_env.from_path("source")).map(
         lambda r: Row(k=r[0], v=r[1], headers=r[2]), output_type=RECORD)
     function = WindowFunction(str(args.feature_set), args.registry, fs.source.schema_,
-                              fs.output.schema_, source_topic)
+                              fs.output.schema_, source_topic, redis_url=args.redis, project=args.project)
     rows = records.key_by(lambda r: r.k, key_type=Types.STRING()).process(function, output_type=RECORD)
     statements = t_env.create_statement_set()
     statements.add_insert("features", t_env.from_data_stream(rows))
@@ -87,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", help="Output topic (default: the feature set's).")
     p.add_argument("--dlq", required=True, help="Dead-letter topic for late and undecodable readings.")
     p.add_argument("--group", default="pm.features-flink", help="Consumer group of the source.")
+    p.add_argument("--redis", help="Online store (Feast's Redis layout), e.g. redis://127.0.0.1:6379/0; none: not written.")
+    p.add_argument("--project", default=default_project(),
+                   help="Feast project of the online store: the topology's app (default: %(default)s).")
     p.add_argument("--bounded", action="store_true", help="Stop at the offsets that are latest at start (tests, backfills).")
     p.add_argument("--parallelism", type=int, default=1)
     p.add_argument("--checkpoint-ms", type=int, default=10_000, help="Checkpoint interval (0: none).")

@@ -38,7 +38,8 @@ from streams.avro import AvroCodec, WireFormatError
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
 from streams.errors import TangramError, TopologyError
-from streams.features import online_prefix, read_online_features
+from streams.feast.layout import FeastLayout
+from streams.features import FEATURE_SET, online_layout, read_online_features
 from streams.rules.degradation import GoldenSignals, LevelController
 from streams.rules.engine import CompiledRule, RuleBook, action_id
 from streams.rules.fusion import Fused, Fusion
@@ -70,7 +71,7 @@ class RuleProcessor(Processor):
 
     def __init__(self, *, input_codecs: dict[str, AvroCodec], output_codecs: dict[str, AvroCodec], dlq_topic: str,
                  redis_url: str, settings: RulesSettings, app: str, processor: str = "rules",
-                 bootstrap_servers: str | None = None):
+                 bootstrap_servers: str | None = None, online: FeastLayout | None = None):
         self.name = processor
         self.input_codecs = input_codecs
         self.prediction_topics = {t for t, c in input_codecs.items() if _has_field(c, "model_name")}
@@ -92,7 +93,8 @@ class RuleProcessor(Processor):
                                     f"output topic (outputs: {', '.join(output_codecs)})")
         self.rule_set_key = settings.rule_set or f"{app}.{processor}"
         self.redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
-        self.features_prefix = online_prefix(app, settings.features_from)
+        # the features processor's rows in Feast's Redis layout (its feature set, its Feast project)
+        self.features_layout = online or FeastLayout.of(FEATURE_SET, app)
         self.signals = GoldenSignals(spec)
         self.levels = LevelController(spec, processor, settings.degradation_level)
         self.fusion = Fusion(settings.fusion) if settings.fusion else None
@@ -108,10 +110,12 @@ class RuleProcessor(Processor):
 
     @classmethod
     def build(cls, ctx: BuildContext) -> RuleProcessor:
+        settings = RulesSettings.model_validate(ctx.spec.params)
         return cls(input_codecs={t: ctx.codec(t) for t in ctx.spec.inputs},
                    output_codecs={t: ctx.codec(t) for t in ctx.spec.outputs}, dlq_topic=ctx.dlq,
-                   redis_url=ctx.stack.redis_url, settings=RulesSettings.model_validate(ctx.spec.params),
-                   app=ctx.topology.app, processor=ctx.name, bootstrap_servers=ctx.stack.bootstrap_servers)
+                   redis_url=ctx.stack.redis_url, settings=settings,
+                   app=ctx.topology.app, processor=ctx.name, bootstrap_servers=ctx.stack.bootstrap_servers,
+                   online=online_layout(ctx.topology, settings.features_from))
 
     # -- lifecycle ---------------------------------------------------------------------
     def setup(self) -> None:
@@ -278,7 +282,7 @@ class RuleProcessor(Processor):
         online: list[dict] = [{}] * len(items)
         if with_online and rules:
             devices = list(dict.fromkeys(v["device_id"] for _, v, _ in items))  # one read per device and batch
-            by_device = dict(zip(devices, read_online_features(self.redis, devices, self.features_prefix)))
+            by_device = dict(zip(devices, read_online_features(self.redis, devices, self.features_layout)))
             online = [by_device[v["device_id"]] for _, v, _ in items]
         outputs = []
         # every symbol a rule reads is present (null when unknown): rule-engine's slow path for an

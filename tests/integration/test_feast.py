@@ -1,4 +1,4 @@
-"""Feast: the declared feature set registered with Feast, and Feast's Redis online store fed from Kafka.
+"""Feast: the declared feature set registered with Feast, and the backfill of its Redis store from Kafka.
 
 In the Feast environment (``.venv-feast``, a subprocess each): ``python -m streams.feast apply``
 generates the feature repository against the test Redis and registers it (``feast feature-views
@@ -7,7 +7,8 @@ isolated features topic (Confluent-framed Avro, from this application environmen
 into Feast's online store by ``python -m streams.feast sync``; ``python -m streams.feast get``
 reads them back through ``FeatureStore.get_online_features`` and every value equals the newest
 row produced for its device. A second ``sync`` of the same group finds nothing left: the offsets
-were committed after the push.
+were committed after the push. The bytes Feast's own writer put in Redis are the bytes
+``streams.feast.layout`` encodes for the same rows, and the application's lookup reads them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from confluent_kafka import Producer
 
 from streams import PROJECT_ROOT
 from streams.avro import codec
+from streams.feast.layout import FeastLayout
+from streams.features.online import read_online_features
 from streams.features.spec import DEFAULT_FEATURE_SET, load_feature_set
 from streams.features.testing import create_topics
 from streams.topology import load_schema
@@ -95,11 +98,17 @@ def test_feast_registration_sync_and_online_reads(stack, tmp_path):
         assert set(read) == set(fs.columns)
     assert got[3]["device_id"] == "dev-unknown" and all(got[3][c] is None for c in fs.feature_names)
 
-    # 5. Feast's Redis layout: one hash per entity and project, with the declared TTL.
+    # 5. Feast's Redis layout: one hash per entity and project, with the declared TTL, holding the
+    #    very bytes the engines' writer encodes; the application's lookup reads Feast's writes.
     client = redis.Redis(host=redis_host, port=stack.redis_port)
     keys = [k for k in client.scan_iter(count=1000) if k.endswith(prefix.encode())]
     assert len(keys) == 3, keys
     assert all(0 < client.ttl(k) <= fs.online.ttl_s for k in keys)
+    layout = FeastLayout.of(fs, prefix)
+    for device in ("dev-a", "dev-b", "dev-c"):
+        assert client.hgetall(layout.key(device)) == layout.encode_row(newest[device]), device
+    ours = read_online_features(client, ["dev-a", "dev-b", "dev-c", "dev-unknown"], layout)
+    assert ours == [{k: v for k, v in newest[d].items() if k != "device_id"} for d in ("dev-a", "dev-b", "dev-c")] + [{}]
     client.close()
 
     # 6. The offsets were committed after the push: the same group finds nothing left.

@@ -23,7 +23,8 @@ from isolation import isolated_topology
 
 from streams import PROJECT_ROOT
 from streams.avro import codec
-from streams.features.online import online_prefix, read_online_features
+from streams.features.engine import online_layout
+from streams.features.online import read_online_features
 from streams.features.testing import (
     by_window,
     count_records,
@@ -153,7 +154,7 @@ def test_redis_restarted_while_the_job_runs_waits_and_catches_up(stack, tmp_path
     assert runner.processor.store.retries > 0
     client = redis.Redis(port=OWN_REDIS_PORT)
     devices = sorted({d for d, _ in expected})
-    online = read_online_features(client, devices, online_prefix(prefix, "features"))
+    online = read_online_features(client, devices, online_layout(topology))
     newest = {d: max(s for dd, s in expected if dd == d) for d in devices}
     assert [int(o["window_start"]) for o in online] == [newest[d] for d in devices]
     client.close()

@@ -13,8 +13,7 @@ from prometheus_client import REGISTRY
 from streams.avro import codec
 from streams.context import BuildContext
 from streams.delivery import Record
-from streams.features import read_online_features
-from streams.features.online import online_prefix
+from streams.features import online_layout, read_online_features
 from streams.plan import apply
 from streams.simulator import SENSORS, Device
 from streams.topology import Topology, load_schema
@@ -75,7 +74,7 @@ def test_shadow_version_is_compared_and_never_served(stack, tmp_path):
                              load_schema("pm.features.device_window-value"))
         last_live = {window_codec.decode(o.value)["device_id"]: window_codec.decode(o.value) for o in live}
         client = redis.Redis.from_url(stack.redis_url)
-        online = read_online_features(client, ["worn", "fine"], online_prefix(topology.app, "features"))
+        online = read_online_features(client, ["worn", "fine"], online_layout(topology))
         client.close()
         for device, served in zip(["worn", "fine"], online):
             assert served["vibration_band_energy"] == pytest.approx(last_live[device]["vibration_band_energy"], rel=1e-12)

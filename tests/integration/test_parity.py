@@ -4,6 +4,7 @@ bounds and counts, values equal within 1e-9 relative — and the same late readi
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import threading
@@ -11,11 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 from isolation import isolated_topology
 
 from streams import PROJECT_ROOT
 from streams.avro import codec
-from streams.features import faust_job
+from streams.feast.layout import FeastLayout
+from streams.features import FEATURE_SET, faust_job
+from streams.features.online import read_online_features
 from streams.features.testing import (
     by_window,
     count_records,
@@ -71,7 +75,7 @@ def flink_rows(stack, recorded):
     output, dlq = f"{prefix}.features.device_window_flink", f"{prefix}.dlq.features_flink"
     create_topics(stack.bootstrap_servers, [output, dlq])
     argv = job_argv(stack, dlq=dlq, group=f"{prefix}.features-flink", source=recorded["source"], output=output,
-                    bounded=True)
+                    bounded=True, online_project=f"{prefix}-flink")
     run_job(argv, timeout_s=300, log_path=Path(recorded["tmp"]) / "flink.log")
     rows = read_rows(stack.bootstrap_servers, output, recorded["out_codec"], idle_s=1.0)
     return by_window(rows), count_records(stack.bootstrap_servers, dlq)
@@ -83,7 +87,7 @@ def faust_rows(stack, recorded, embedded_rows):
     output, dlq = f"{prefix}.features.device_window_faust", f"{prefix}.dlq.features_faust"
     create_topics(stack.bootstrap_servers, [output, dlq])
     argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
-                             redis_url=stack.redis_url, prefix=f"tangram:{prefix}:features-faust",
+                             redis_url=stack.redis_url, project=f"{prefix}-faust",
                              source=recorded["source"], output=output, dlq=dlq, group=f"{prefix}.features-faust")
     with (Path(recorded["tmp"]) / "faust.log").open("wb") as log:
         worker = subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -119,3 +123,26 @@ def test_faust_job_rows_equal_the_embedded_engine_rows(embedded_rows, faust_rows
     (embedded, embedded_late), (faust, faust_late) = embedded_rows, faust_rows
     assert diff_rows(embedded, faust, rel=1e-9) == []
     assert faust_late == embedded_late > 0
+
+
+@pytest.mark.parametrize("engine", ["embedded", "faust", "flink"])
+def test_every_engine_writes_its_newest_rows_to_feasts_online_store(stack, recorded, engine, request):
+    """Each engine wrote the newest window of every device to Feast's Redis layout (its own project here)."""
+    rows, _ = request.getfixturevalue(f"{engine}_rows")
+    project = recorded["prefix"] if engine == "embedded" else f"{recorded['prefix']}-{engine}"
+    layout = FeastLayout.of(FEATURE_SET, project)
+    newest = {}
+    for (device, start), row in rows.items():
+        if device not in newest or start > newest[device]["window_start"]:
+            newest[device] = row
+    devices = sorted(newest)
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        online = read_online_features(client, devices, layout)
+    finally:
+        client.close()
+    assert len(devices) == 20
+    for device, served in zip(devices, online, strict=True):
+        expected = {k: v for k, v in newest[device].items() if k != "device_id"}
+        assert served.keys() == expected.keys(), device
+        assert all(served[k] == v or (math.isnan(served[k]) and math.isnan(v)) for k, v in expected.items()), device
