@@ -10,7 +10,11 @@ Prints:
 - online-store reads (Feast's Redis layout) at 1, 10 and 100 keys per call: one client closed loop,
   then open loop at fixed rates (latency from each call's scheduled time), the blocking reader
   (``read_online_features`` from several processes, the baseline) beside ``OnlineLookup``;
-- memory of the embedded engine's state per 10k devices with half-full windows.
+- memory per 10k devices with half-full windows: the Faust job's own process (RSS growth of the
+  worker from start-up with no devices to 10,000 devices' state), beside the embedded engine's state
+  (tracemalloc).
+
+    .venv/bin/python benchmarks/bench_features.py --memory-only   # only the memory figures
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 import redis
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupState, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from streams import PROJECT_ROOT
 from streams.avro import codec
@@ -284,8 +289,8 @@ def online_reads_open_loop(stack: StackSettings, layout: FeastLayout, devices: i
     print(f"  (after the runs: {_load()})")
 
 
-def memory_per_10k_devices() -> None:
-    """The embedded engine's state: one open window per device, half full (25 readings)."""
+def memory_per_10k_devices() -> int:
+    """The embedded engine's state: one open window per device, half full (25 readings); returns its bytes."""
     rng = np.random.default_rng(1)
     rows = [list(rng.normal(10, 2, len(FEATURE_SET.inputs))) for _ in range(25)]
     tracemalloc.start()
@@ -300,6 +305,119 @@ def memory_per_10k_devices() -> None:
     size = sum(s.size_diff for s in after.compare_to(before, "filename"))
     print(f"embedded engine state: {size / 2**20:.1f} MiB per 10k devices (one half-full 5 s window each, "
           f"{size / 10_000 / 25:.0f} B per buffered reading)")
+    return size
+
+
+def _rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process in KiB, from ``/proc/<pid>/status``: resident now, and its peak."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def _wait_member(stack: StackSettings, group: str, worker: subprocess.Popen, timeout_s: float = 120) -> None:
+    """Until the Faust worker's consumer group is stable with partitions assigned (the worker is up)."""
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if worker.poll() is not None:
+            raise SystemExit(f"the Faust worker exited with {worker.returncode} during start-up")
+        desc = admin.describe_consumer_groups([group])[group].result(10)
+        if desc.state == ConsumerGroupState.STABLE and any(m.assignment.topic_partitions for m in desc.members):
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"consumer group {group}: no stable member after {timeout_s}s")
+
+
+def _wait_consumed(stack: StackSettings, group: str, topic: str, changelog: str, n: int,
+                   worker: subprocess.Popen, timeout_s: float = 900) -> float:
+    """Until ``group`` has committed every offset of ``topic`` (lag 0, ``n`` records in all) and the table's
+    changelog holds ``n`` records (one table write per reading applied); returns the seconds it took."""
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": group,
+                         "enable.auto.commit": False})  # reads the group's committed offsets; never joins it
+    tps = [TopicPartition(topic, p) for p in range(3)]
+    t0 = time.monotonic()
+    try:
+        while True:
+            if worker.poll() is not None:
+                raise SystemExit(f"the Faust worker exited with {worker.returncode}")
+            ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
+            committed = [max(tp.offset, 0) for tp in consumer.committed(tps, timeout=10)]
+            lag = sum(e - c for e, c in zip(ends, committed, strict=True))
+            if sum(ends) == n and lag == 0 and count_records(stack.bootstrap_servers, changelog) >= n:
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > timeout_s:
+                raise SystemExit(f"{group}: lag {lag} on {topic} after {timeout_s}s")
+            time.sleep(0.5)
+    finally:
+        consumer.close()
+
+
+def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, settle_s: float = 5.0) -> float:
+    """The Faust job's own process: RSS after start-up with no devices, then after ``devices`` devices' state
+    (half-full 5 s windows: 25 readings each at 10 Hz, none closed) is built, in two halves; returns MiB per 10k.
+
+    The worker runs as its own process, as in production and in the parity test; RSS is read from /proc only
+    once its consumer group has committed every reading and its table's changelog holds one write per reading.
+    The growth from start-up includes one-off costs of the first records (buffers, codecs, the producer); the
+    growth between the halves is the marginal cost of state alone (RSS rarely shrinks: a high-water mark).
+    """
+    tmp = Path(tempfile.mkdtemp(prefix="bench-faust-memory-"))
+    path, prefix = isolated(tmp)
+    apply(load_topology(path), stack)
+    source, output, dlq, group = (f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window",
+                                  f"{prefix}.dlq.features", f"{prefix}.faust-memory")
+    changelog = f"{group}-entity_windows-changelog"
+    in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
+    size_s = FEATURE_SET.window.size_ms / 1000
+    readings = recorded_readings(devices, size_s / 2, hz=FEATURE_SET.sample_hz, late_every=10**9,
+                                 straggle_every=10**9)
+    per_device = len(readings) // devices
+    half = {f"dev-{i:05d}" for i in range(devices // 2)}
+    halves = [[r for r in readings if r["device_id"] in half], [r for r in readings if r["device_id"] not in half]]
+    argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
+                             redis_url=stack.redis_url, project=f"{prefix}-faust", source=source, output=output,
+                             dlq=dlq, group=group)
+    worker = subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
+    try:
+        _wait_member(stack, group, worker)
+        time.sleep(settle_s)
+        rss = [_rss_kib(worker.pid)]
+        fed, took = 0, []
+        for part in halves:
+            produce_readings(stack.bootstrap_servers, source, in_codec, part)
+            fed += len(part)
+            took.append(_wait_consumed(stack, group, source, changelog, fed, worker))
+            time.sleep(settle_s)
+            rss.append(_rss_kib(worker.pid))
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    emitted, late = count_records(stack.bootstrap_servers, output), count_records(stack.bootstrap_servers, dlq)
+    if emitted or late:
+        raise SystemExit(f"expected only open windows: {emitted} windows emitted, {late} readings in the DLQ")
+    (start, _), (mid, _), (end, peak) = rss
+    mib = 1024
+    growth = (end - start) / mib * 10_000 / devices
+    marginal = (end - mid) / mib * 10_000 / (devices - devices // 2)
+    print(f"Faust job memory (streams.features.faust_job, own process; {devices:,} devices × {per_device} readings = "
+          f"one half-full {size_s:g} s window each; RSS from /proc/<pid>/status after lag 0 and {settle_s:g} s idle):")
+    rows = [("RSS after start-up, no devices", start, ""),
+            (f"RSS after {devices // 2:,} devices' state", mid, f"   (consumed in {took[0]:.1f} s)"),
+            (f"RSS after {devices:,} devices' state", end,
+             f"   (consumed in {took[1]:.1f} s; peak VmHWM {peak / mib:.1f} MiB)"),
+            ("growth per 10k devices", growth * mib, f"   (start-up → {devices:,}; marginal, second half only: "
+                                                     f"{marginal:.1f} MiB per 10k)")]
+    for label, kib, note in rows:
+        print(f"  {label:<36}{kib / mib:8.1f} MiB{note}")
+    return growth
+
+
+def memory(stack: StackSettings) -> None:
+    """The Faust job's RSS growth per 10k devices, and the embedded engine's state beside it."""
+    faust = faust_memory_per_10k_devices(stack)
+    embedded = memory_per_10k_devices() / 2**20
+    print(f"memory per 10k devices, half-full windows: Faust job {faust:.1f} MiB (process RSS growth), "
+          f"embedded engine {embedded:.1f} MiB (state objects, tracemalloc); Faust / embedded {faust / embedded:.2f}×")
 
 
 def main() -> None:
@@ -310,8 +428,12 @@ def main() -> None:
     p.add_argument("--online-devices", type=int, default=10_000, help="Entities in the online store for the reads.")
     p.add_argument("--baseline-processes", type=int, default=4, help="Blocking reader processes (baseline).")
     p.add_argument("--lookup-processes", type=int, default=1, help="OnlineLookup reader processes.")
+    p.add_argument("--memory-only", action="store_true", help="Only the memory per 10k devices (Faust job, embedded).")
     args = p.parse_args()
     stack = StackSettings()
+    if args.memory_only:
+        memory(stack)
+        return
     if not args.reads_only:
         engines(stack, args.devices, args.seconds)
     layout = _fill_online_store(stack, args.online_devices)
@@ -322,7 +444,7 @@ def main() -> None:
     finally:
         _drop_project(stack, layout, args.online_devices)
     if not args.reads_only:
-        memory_per_10k_devices()
+        memory(stack)
 
 
 if __name__ == "__main__":
