@@ -2,9 +2,10 @@
 
 A :class:`VersionRouting` holds the current :class:`RoutingSettings` and swaps them atomically;
 the inference worker reads one snapshot per micro-batch, so a switch takes effect between
-batches and never splits one. Today the settings come from the topology's processor params
-and, when a ``routing_file`` is declared, from that JSON file re-read on change
-(:class:`RoutingFile`); the model registry on a compacted topic can feed ``update()`` the same way.
+batches and never splits one. The settings come from the topology's processor params, from a
+``routing_file`` re-read on change (:class:`RoutingFile`), or from the model registry on its
+compacted topic; the worker has Triton load the versions a new routing needs before it switches,
+and unload the ones it no longer routes after (explicit model control, see the worker).
 
 - ``canary``: a stable share of the *keys* (entities) is scored by the challenger instead of the
   production version. The share is decided by a hash of the key, so one device always goes to
@@ -13,8 +14,9 @@ and, when a ``routing_file`` is declared, from that JSON file re-read on change
 - ``shadow``: every record is scored by production (acted on) and a copy by the challenger,
   whose predictions go to a shadow topic that no rule reads.
 
-A version is written ``"2"`` (a version of the worker's model) or ``"anomaly_b:1"`` (another
-Triton model name and its version).
+A version is written ``"2"`` (a version of the worker's model; Triton serves several versions of one
+name side by side, the local CPU Triton included) or ``"other_model:1"`` (another Triton model name
+and its version).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class ModelTarget:
 
     @classmethod
     def parse(cls, text: str, default_model: str) -> "ModelTarget":
-        """``"2"`` → (default_model, "2"); ``"anomaly_b:1"`` → ("anomaly_b", "1")."""
+        """``"2"`` → (default_model, "2"); ``"other_model:1"`` → ("other_model", "1")."""
         model, sep, version = text.rpartition(":")
         if not sep:
             model = default_model

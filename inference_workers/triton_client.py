@@ -12,15 +12,24 @@ later, the rows are not at fault"::
     probabilities = await model.infer(batch)  # (n, 27) float32 -> (n, 3) float32
     await model.close()
 
-It works unchanged against the local CPU Triton (``inference_workers.triton_server``) and NVIDIA's
-Triton image serving the same model repository.
+:class:`ModelRepository` is Triton's explicit model control (the model-repository API): which
+versions are loaded, load a set of versions of one model side by side, unload::
+
+    async with ModelRepository("127.0.0.1:8001") as repository:
+        await repository.serve("anomaly", {"2"})     # load version 2 beside the ones Triton serves
+        await repository.retire("anomaly", {"1"})    # then stop serving version 1
+
+Both work unchanged against the local CPU Triton (``inference_workers.triton_server``) and NVIDIA's
+Triton image serving the same model repository with ``--model-control-mode=explicit``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
+from collections.abc import Collection
 from typing import Any, Self
 
 import numpy as np
@@ -34,6 +43,9 @@ LOGGER = logging.getLogger("tangram.inference.triton")
 
 #: Default deadline of one inference call, in seconds.
 DEFAULT_TIMEOUT_S = 2.0
+#: Default deadline of one model load: Triton starts each instance of each version (a Python-backend
+#: stub process on the local CPU Triton, about 1-2 s each here) before it answers.
+DEFAULT_LOAD_TIMEOUT_S = 60.0
 
 
 def _channel_args() -> list[tuple[str, Any]]:
@@ -98,6 +110,19 @@ ANOMALY_CONTRACT = ModelContract(
 )
 
 
+def _error(label: str, timeout_s: float, action: str, exc: InferenceServerException) -> InferenceError:
+    """Triton's error as an InferenceError; "did not answer" (down, past the deadline) as InferenceUnavailableError."""
+    status = exc.status() or ""
+    message = (exc.message() or "").split("\n\nAt:")[0].strip()  # a Python backend error carries its traceback
+    if "DEADLINE_EXCEEDED" in status:
+        return InferenceUnavailableError(f"{label}: {action} did not answer within {timeout_s:g} s (deadline exceeded)")
+    if "UNAVAILABLE" in status:
+        return InferenceUnavailableError(
+            f"{label}: Triton is unavailable during {action} ({message}); is the model server running (`tangram up`)?"
+        )
+    return InferenceError(f"{label}: {action} failed: {status} {message}".strip())
+
+
 def _dims(values: Any) -> list[int]:
     return [int(v) for v in values]
 
@@ -136,24 +161,19 @@ class TritonModel:
         return self._client
 
     def _error(self, action: str, exc: InferenceServerException) -> InferenceError:
-        status = exc.status() or ""
-        if "DEADLINE_EXCEEDED" in status:
-            return InferenceUnavailableError(
-                f"{self._label}: {action} did not answer within {self.timeout_s:g} s (deadline exceeded)"
-            )
-        if "UNAVAILABLE" in status:
-            return InferenceUnavailableError(
-                f"{self._label}: Triton is unavailable during {action} ({exc.message()}); "
-                "is the model server running (`tangram up`)?"
-            )
-        return InferenceError(f"{self._label}: {action} failed: {status} {exc.message()}".strip())
+        return _error(self._label, self.timeout_s, action, exc)
 
     async def is_ready(self) -> bool:
-        """True when Triton answers and this model is ready; never raises."""
+        """True when Triton answers and this model version is ready; never raises.
+
+        Triton's liveness and the version's own readiness, not the server's readiness: a Triton with
+        strict readiness (NVIDIA's default) reports itself unready for good after any failed model
+        load, even while this version answers.
+        """
         try:
             client = self._grpc()
             return bool(
-                await client.is_server_ready(client_timeout=self.timeout_s)
+                await client.is_server_live(client_timeout=self.timeout_s)
                 and await client.is_model_ready(self.model_name, self.model_version, client_timeout=self.timeout_s)
             )
         except (InferenceServerException, OSError):
@@ -273,6 +293,166 @@ class TritonModel:
 
     async def __aenter__(self) -> Self:
         await self.setup()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionState:
+    """One row of Triton's repository index: a version of a model and its state.
+
+    ``state`` is Triton's: READY, LOADING, UNLOADING or UNAVAILABLE (``reason`` says why, e.g.
+    "unloaded" or the error of a failed load).
+    """
+
+    model: str
+    version: str
+    state: str
+    reason: str = ""
+
+
+class ModelRepository:
+    """Triton's explicit model control over gRPC (asyncio): the repository index, load, unload.
+
+    Triton loads a model with the versions its version policy selects. :meth:`load` with ``versions``
+    reloads the model with the config Triton serves for it and ``version_policy: {specific:
+    {versions: [...]}}``: Triton loads the versions it does not have, keeps answering the ones it has
+    until their replacements are ready, then unloads those not in the set; a load that fails leaves
+    the versions served before as they were. The override is the whole served config, not only the
+    policy: Triton takes a config override as the model's complete config, so a policy alone would
+    drop the inputs, outputs and batching that ``config.pbtxt`` declares.
+
+    Every call has a deadline (``timeout_s``; ``load_timeout_s`` for a load); a server that does not
+    answer raises InferenceUnavailableError, a refused load InferenceError with Triton's reason.
+    """
+
+    def __init__(
+        self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+    ) -> None:
+        if timeout_s <= 0 or load_timeout_s <= 0:
+            raise ValueError("timeout_s and load_timeout_s must be positive")
+        self.url = url
+        self.timeout_s = timeout_s
+        self.load_timeout_s = load_timeout_s
+        self._client: grpcclient.InferenceServerClient | None = None
+
+    def _grpc(self) -> grpcclient.InferenceServerClient:
+        if self._client is None:
+            self._client = grpcclient.InferenceServerClient(self.url, channel_args=_channel_args())
+        return self._client
+
+    def _error(self, model: str | None, action: str, exc: InferenceServerException, timeout_s: float) -> InferenceError:
+        label = f"model '{model}' at {self.url}" if model else f"Triton at {self.url}"
+        error = _error(label, timeout_s, action, exc)
+        if "not allowed" in str(error):
+            return InferenceError(f"{error}; explicit model control needs Triton started with "
+                                  "--model-control-mode=explicit")
+        if "must be available under the version policy" in str(error):
+            return InferenceError(f"{error} (is every version asked for a folder of Triton's model repository?)")
+        return error
+
+    async def index(self) -> list[VersionState]:
+        """Every model version Triton knows of (loaded, loading, unloaded, failed), with its state."""
+        try:
+            response = await self._grpc().get_model_repository_index(as_json=True, client_timeout=self.timeout_s)
+        except InferenceServerException as exc:
+            raise self._error(None, "reading the repository index", exc, self.timeout_s) from None
+        return [
+            VersionState(m["name"], str(m.get("version", "")), m.get("state", ""), m.get("reason", ""))
+            for m in response.get("models", [])
+        ]
+
+    async def ready_versions(self, model: str) -> set[str]:
+        """The versions of ``model`` Triton serves now (state READY)."""
+        return {v.version for v in await self.index() if v.model == model and v.state == "READY"}
+
+    async def load(self, model: str, versions: Collection[str | int] | None = None) -> None:
+        """Load ``model`` with exactly ``versions`` (None: with the repository's own config and policy).
+
+        Returns once Triton answers that the load is done and every version asked for is READY;
+        raises InferenceError with Triton's reason otherwise (a version folder that does not exist,
+        an ONNX file the backend refuses), after which Triton still serves what it served before.
+        """
+        wanted = sorted({int(v) for v in versions}) if versions is not None else None
+        action = f"loading versions {wanted}" if wanted is not None else "loading"
+        config = None
+        if wanted is not None:
+            if not wanted:
+                raise ValueError(f"model '{model}': load at least one version (unload() unloads the model)")
+            config = await self._served_config(model)
+            config["version_policy"] = {"specific": {"versions": wanted}}
+        try:
+            await self._grpc().load_model(
+                model, config=None if config is None else json.dumps(config), client_timeout=self.load_timeout_s
+            )
+        except InferenceServerException as exc:
+            raise self._error(model, action, exc, self.load_timeout_s) from None
+        if wanted is not None:
+            states = {v.version: v for v in await self.index() if v.model == model}
+            missing = [states.get(str(v), VersionState(model, str(v), "UNKNOWN")) for v in wanted]
+            missing = [v for v in missing if v.state != "READY"]
+            if missing:
+                raise InferenceError(f"model '{model}' at {self.url}: {action}: "
+                                     + "; ".join(f"version {v.version} is {v.state} {v.reason}".strip() for v in missing))
+        LOGGER.info("model '%s' at %s: loaded%s", model, self.url, f" versions {wanted}" if wanted else "")
+
+    async def _served_config(self, model: str) -> dict[str, Any]:
+        """The config Triton serves for ``model`` (JSON); a model not loaded is loaded first, as the repository declares it."""
+        client = self._grpc()
+        try:
+            return (await client.get_model_config(model, as_json=True, client_timeout=self.timeout_s))["config"]
+        except InferenceServerException as exc:
+            if "unknown model" not in (exc.message() or ""):  # Triton down, or another refusal
+                raise self._error(model, "reading its config", exc, self.timeout_s) from None
+        await self.load(model)  # not loaded (or unloaded): Triton reads config.pbtxt
+        try:
+            return (await client.get_model_config(model, as_json=True, client_timeout=self.timeout_s))["config"]
+        except InferenceServerException as exc:
+            raise self._error(model, "reading its config", exc, self.timeout_s) from None
+
+    async def unload(self, model: str) -> None:
+        """Unload every version of ``model`` (Triton finishes the requests in flight first)."""
+        try:
+            await self._grpc().unload_model(model, client_timeout=self.timeout_s)
+        except InferenceServerException as exc:
+            raise self._error(model, "unloading", exc, self.timeout_s) from None
+        LOGGER.info("model '%s' at %s: unloaded", model, self.url)
+
+    async def serve(self, model: str, versions: Collection[str | int]) -> set[str]:
+        """Make Triton serve ``versions`` of ``model`` beside the versions it serves now ("load the new").
+
+        No request when they are all READY already. Returns the versions that were loaded.
+        """
+        wanted = {str(int(v)) for v in versions}
+        ready = await self.ready_versions(model)
+        if wanted <= ready:
+            return set()
+        await self.load(model, ready | wanted)
+        return wanted - ready
+
+    async def retire(self, model: str, versions: Collection[str | int]) -> set[str]:
+        """Stop serving ``versions`` of ``model``, keeping every other version Triton serves ("unload the old").
+
+        When no version would be left the model is unloaded. Returns the versions retired.
+        """
+        ready = await self.ready_versions(model)
+        gone = {str(int(v)) for v in versions} & ready
+        if not gone:
+            return set()
+        if keep := ready - gone:
+            await self.load(model, keep)
+        else:
+            await self.unload(model)
+        return gone
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *_: object) -> None:

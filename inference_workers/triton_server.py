@@ -7,46 +7,76 @@ project root::
         --model-repository inference_workers/model_repository \\
         --host 127.0.0.1 --http-port 8000 --grpc-port 8001 --metrics-port 8002
 
-Every model folder of the repository that holds a ``config.pbtxt`` and a numbered version folder
-with a ``model.onnx`` is served under the same name and version, with the same inputs, outputs,
-shapes, ``max_batch_size``, dynamic batching (preferred sizes, max queue delay) and instance
-count as its ``config.pbtxt`` declares. The tritonserver binary is the one that the
-``nvidia-pytriton`` wheel ships; each model runs its ONNX file with onnxruntime (one session per
-model version, one intra-op thread) behind PyTriton's Python backend. So the local CPU Triton
-serves the contract that NVIDIA's Triton image serves from the same repository with its ONNX
-Runtime backend: same names, datatypes, shapes and batching (only the metadata's ``platform``
-says "python" here where the image says "onnxruntime_onnx").
+It starts the ``tritonserver`` binary that the ``nvidia-pytriton`` wheel ships on the repository
+itself, with Triton's **explicit model control** (``--model-control-mode=explicit``): at start
+every model folder that holds a ``config.pbtxt`` and a numbered version folder with its ONNX file
+is loaded with the versions its ``version_policy`` selects (``--load-model=<name>``); afterwards a
+client loads other versions, several versions of one name side by side, and unloads them through
+Triton's model-repository API (:class:`inference_workers.triton_client.ModelRepository`).
 
-Readiness is Triton's own ``GET /v2/health/ready``: the models are in Triton's repository when
-the server starts, so it turns ready only once every model is loaded. (PyTriton then connects its
-inference threads, ~0.5 s; a request in that window waits for them, it is not refused.) SIGTERM or SIGINT stops
-the server, the Python-backend stubs and the inference threads, then the process exits 0.
+That binary has only the Python backend. A model config says ``platform: "onnxruntime_onnx"`` (the
+ONNX Runtime backend that NVIDIA's image runs); here the backend named ``onnxruntime`` is the
+Python-based backend :mod:`inference_workers.triton_onnx_backend`, installed in a private backend
+directory as ``backends/onnxruntime/model.py`` beside the wheel's Python backend and its stub. Triton
+itself reads each ``config.pbtxt`` and runs the dynamic batcher, the instance groups and the version
+policy; each instance of each version is a ``triton_python_backend_stub`` process running the
+ONNX file with onnxruntime (one intra-op thread). So the local CPU Triton serves what NVIDIA's
+image serves from the same repository: same names, datatypes, shapes, ``max_batch_size``, batching,
+instances and versions; its model config adds only ``runtime: "model.py"``.
 
-This module imports only the standard library, numpy, onnxruntime and PyTriton (with the
-tritonclient and protobuf that PyTriton brings), never the application's packages.
+Readiness is Triton's own ``GET /v2/health/ready``: Triton opens its endpoints only once every model
+loaded at start is ready (it exits when one fails to load), so ready means loaded. The readiness is not
+"strict": a strict Triton stays unready for good once a client's load of a broken version has failed,
+though every served version still answers; each version's own readiness is
+``GET /v2/models/<name>/versions/<version>/ready``. SIGTERM or SIGINT stops Triton (in-flight requests get
+``EXIT_TIMEOUT_S``), then the stubs; the process exits 0 and removes its backend directory and any
+shared-memory region its Python backend left in ``/dev/shm``. A busy port or a bad repository
+is refused before Triton starts, with the port or the file in the message (exit code 2).
+
+This module imports only the standard library, numpy, protobuf and tritonclient's
+``model_config_pb2`` (and onnxruntime for the pre-flight check), never the application's packages.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import dataclasses
+import importlib.util
+import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 LOGGER = logging.getLogger("tangram.triton")
+
+#: Seconds Triton waits for in-flight requests when asked to stop (then it unloads the models).
+EXIT_TIMEOUT_S = 5
+#: Seconds to wait for tritonserver to exit after SIGTERM before it and its stubs are killed: Triton's
+#: exit timeout plus unloading, and well inside the stack's 20 s before it kills this process itself.
+STOP_GRACE_S = 12.0
+#: The Python backend's shared memory per stub: PyTriton's sizes (the backend's default is 64 MiB).
+SHM_DEFAULT_BYTES = 4 * 1024 * 1024
+SHM_GROWTH_BYTES = 1024 * 1024
+#: The Triton backend name of platform ``onnxruntime_onnx``: the one this server provides in Python.
+ONNX_BACKEND = "onnxruntime"
 
 
 class TritonSetupError(Exception):
@@ -64,7 +94,7 @@ class TensorSpec:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """One version of one model of the repository, ready to bind into Triton."""
+    """One version of one model of the repository that Triton loads at start."""
 
     name: str
     version: int
@@ -87,10 +117,10 @@ class ModelSpec:
 def ensure_own_libpython() -> str | None:
     """Put the running interpreter's ``LIBDIR`` first on ``LD_LIBRARY_PATH`` (for Triton's children).
 
-    PyTriton's Python-backend stub links ``libpython3.11.so``. Without this, the dynamic loader finds
-    the system's libpython instead of this interpreter's (pyenv's, here), and the stub dies with
-    ``'_thread.RLock' object has no attribute '_recursion_count'``. PyTriton copies ``os.environ``
-    when it starts tritonserver, so setting it here, before Triton starts, is enough.
+    The Python-backend stub links ``libpython3.11.so``. Without this, the dynamic loader finds the
+    system's libpython instead of this interpreter's (pyenv's, here), and the stub dies with
+    ``'_thread.RLock' object has no attribute '_recursion_count'``. tritonserver is started with a
+    copy of ``os.environ`` (see :func:`tritonserver_env`), so setting it here is enough.
 
     Returns the folder that was put first, or None where the interpreter is linked statically.
     """
@@ -156,7 +186,7 @@ def _tensor_specs(tensors: Sequence[Any], kind: str, where: str) -> tuple[Tensor
 
 
 def discover_models(repository: Path) -> list[ModelSpec]:
-    """Every servable model version of the repository, sorted by name then version.
+    """The model versions Triton loads at start (each config's version policy), sorted by name then version.
 
     A folder without ``config.pbtxt`` or without a numbered version folder holding ``model.onnx``
     is skipped with a warning (the lead's training script may not have written the model yet).
@@ -210,57 +240,141 @@ def discover_models(repository: Path) -> list[ModelSpec]:
 
 
 # --------------------------------------------------------------------------------------------
-# Running the ONNX models
+# Pre-flight: the ONNX files loaded at start have the declared tensors
 # --------------------------------------------------------------------------------------------
 
 
-def open_session(spec: ModelSpec) -> Any:
-    """An onnxruntime session (CPU, one intra-op thread) checked against the declared contract."""
-    import onnxruntime as ort
+def check_models(specs: Sequence[ModelSpec]) -> None:
+    """Open each version loaded at start as the backend will, so a wrong file is refused before Triton starts.
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    try:
-        session = ort.InferenceSession(str(spec.onnx_path), sess_options=options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... classes
-        raise TritonSetupError(f"{spec.onnx_path}: onnxruntime cannot load it: {exc}") from exc
-    where = f"model '{spec.name}' version {spec.version}"
-    onnx_inputs = {i.name for i in session.get_inputs()}
-    onnx_outputs = {o.name for o in session.get_outputs()}
-    for tensor in spec.inputs:
-        if tensor.name not in onnx_inputs:
-            raise TritonSetupError(
-                f"{where}: input '{tensor.name}' is not an input of the ONNX graph {sorted(onnx_inputs)}"
+    Raises TritonSetupError naming the model, version, file and tensor. (Versions loaded later are
+    checked the same way by the backend when a client loads them; Triton refuses the load.)
+    """
+    from inference_workers import triton_onnx_backend as backend
+
+    for spec in specs:
+        where = f"model '{spec.name}' version {spec.version}"
+        try:
+            backend.open_session(
+                str(spec.onnx_path),
+                [(t.name, t.dtype, t.dims) for t in spec.inputs],
+                [(t.name, t.dtype, t.dims) for t in spec.outputs],
+                spec.max_batch_size > 0,
+                where,
             )
-    for tensor in spec.outputs:
-        if tensor.name not in onnx_outputs:
+        except ValueError as exc:
+            raise TritonSetupError(str(exc)) from None
+
+
+# --------------------------------------------------------------------------------------------
+# The tritonserver of the nvidia-pytriton wheel
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Distribution:
+    """Where the ``nvidia-pytriton`` wheel keeps tritonserver, its Python backend and its libraries."""
+
+    binary: Path
+    python_backend: Path  # libtriton_python.so, triton_python_backend_utils.py
+    stub: Path  # triton_python_backend_stub built for this interpreter's Python version
+    libs: Path  # nvidia_pytriton.libs: the shared libraries the wheel bundles
+
+    @classmethod
+    def find(cls) -> "Distribution":
+        spec = importlib.util.find_spec("pytriton")
+        if spec is None or spec.origin is None:
             raise TritonSetupError(
-                f"{where}: output '{tensor.name}' is not an output of the ONNX graph {sorted(onnx_outputs)}"
+                f"the nvidia-pytriton wheel is not installed for {sys.executable}: run this module with "
+                ".venv-triton/bin/python (make .venv-triton/.installed)"
             )
-    return session
+        root = Path(spec.origin).parent / "tritonserver"
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        found = cls(
+            binary=root / "bin" / "tritonserver",
+            python_backend=root / "backends" / "python",
+            stub=root / "python_backend_stubs" / version / "triton_python_backend_stub",
+            libs=root.parent.parent / "nvidia_pytriton.libs",
+        )
+        for path in (found.binary, found.python_backend / "libtriton_python.so", found.stub, found.libs):
+            if not path.exists():
+                raise TritonSetupError(f"{path} is missing from the nvidia-pytriton wheel (Python {version})")
+        return found
 
 
-def make_infer_func(spec: ModelSpec, session: Any) -> Callable[..., dict[str, np.ndarray]]:
-    """The PyTriton inference callable of one model: runs the ONNX session on the whole batch."""
-    from pytriton.decorators import batch
+def prepare_backends(workspace: Path, dist: Distribution) -> Path:
+    """A backend directory: the wheel's Python backend with its stub, and ``onnxruntime/model.py``.
 
-    input_names = [t.name for t in spec.inputs]
-    output_names = [t.name for t in spec.outputs]
-    input_dtypes = {t.name: t.dtype for t in spec.inputs}
+    ``backends/python/{libtriton_python.so, triton_python_backend_utils.py,
+    triton_python_backend_stub}`` (Triton's layout, the stub built for this interpreter's Python
+    version, as PyTriton prepares it) and ``backends/onnxruntime/model.py``, a copy of
+    :mod:`inference_workers.triton_onnx_backend`. Copies (3 MB), not links: Triton refuses a backend
+    library whose real path "escapes" the backend directory.
+    """
+    from inference_workers import triton_onnx_backend
 
-    def run(**inputs: np.ndarray) -> dict[str, np.ndarray]:
-        feeds = {name: np.ascontiguousarray(inputs[name], dtype=input_dtypes[name]) for name in input_names}
-        results = session.run(output_names, feeds)
-        return dict(zip(output_names, results))
+    backends = workspace / "backends"
+    python = backends / "python"
+    onnx = backends / ONNX_BACKEND
+    python.mkdir(parents=True)
+    onnx.mkdir()
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        shutil.copy2(dist.python_backend / name, python / name)
+    shutil.copy2(dist.stub, python / "triton_python_backend_stub")
+    shutil.copy2(triton_onnx_backend.__file__, onnx / "model.py")
+    return backends
 
-    if spec.max_batch_size > 0:
-        return batch(run)
 
-    def unbatched(requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-        return [run(**request) for request in requests]
+def tritonserver_command(
+    binary: Path, args: argparse.Namespace, backends: Path, models: Sequence[str], shm_prefix: str
+) -> list[str]:
+    """The tritonserver command line: explicit model control, ``models`` loaded at start."""
+    return [
+        str(binary),
+        f"--model-repository={args.model_repository}",
+        f"--backend-directory={backends}",
+        "--model-control-mode=explicit",
+        *(f"--load-model={name}" for name in models),
+        # Not strict: the endpoints open only once the models loaded at start are ready (and Triton exits
+        # when one fails), so "ready" means loaded; a strict server would stay unready for good after a
+        # client's load of a broken version failed, while every served version still answers.
+        "--strict-readiness=false",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+        f"--http-address={args.host}",
+        f"--http-port={args.http_port}",
+        f"--grpc-address={args.host}",
+        f"--grpc-port={args.grpc_port}",
+        f"--metrics-address={args.host}",
+        f"--metrics-port={args.metrics_port}",
+        "--allow-gpu-metrics=false",
+        "--pinned-memory-pool-byte-size=0",  # CPU only: no CUDA driver to pin memory with
+        f"--log-verbose={args.log_verbose}",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",
+        f"--backend-config=python,shm-growth-byte-size={SHM_GROWTH_BYTES}",
+    ]
 
-    return unbatched
+
+def tritonserver_env(dist: Distribution) -> dict[str, str]:
+    """The environment of tritonserver and its stubs (as PyTriton builds it).
+
+    ``LD_LIBRARY_PATH``: this interpreter's libpython first (:func:`ensure_own_libpython`), then the
+    wheel's bundled libraries. ``PATH``: this environment's ``bin`` first, so that the stub's embedded
+    interpreter finds ``python3`` there and with it this environment's site-packages (numpy,
+    onnxruntime).
+    """
+    ensure_own_libpython()
+    env = dict(os.environ)
+    libraries = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*libraries, str(dist.libs)])
+    env["PATH"] = os.pathsep.join([str(Path(sys.prefix) / "bin"), env.get("PATH", "")])
+    return env
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when this process dies, even by SIGKILL (PR_SET_PDEATHSIG)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(1, signal.SIGTERM)
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,74 +382,11 @@ def make_infer_func(spec: ModelSpec, session: Any) -> Callable[..., dict[str, np
 # --------------------------------------------------------------------------------------------
 
 
-def build_triton(args: argparse.Namespace, specs: Sequence[ModelSpec], workspace: Path | None = None) -> Any:
-    """A PyTriton ``Triton`` on the given host/ports with every model bound (not started yet)."""
-    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-    from pytriton.triton import Triton, TritonConfig, TritonLifecyclePolicy
-
-    config = TritonConfig(
-        http_address=args.host,
-        http_port=args.http_port,
-        grpc_address=args.host,
-        grpc_port=args.grpc_port,
-        metrics_address=args.host,
-        metrics_port=args.metrics_port,
-        allow_gpu_metrics=False,
-        strict_readiness=True,
-        exit_timeout_secs=5,
-        log_verbose=args.log_verbose,
-    )
-    # The models are written into Triton's repository before the server starts, so Triton loads
-    # them at startup and /v2/health/ready turns true only once they are loaded (with the default
-    # policy PyTriton loads them through the API after the server is already "ready").
-    policy = TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)
-    triton = Triton(config=config, workspace=workspace, triton_lifecycle_policy=policy)
-    for spec in specs:
-        session = open_session(spec)
-        infer_func = make_infer_func(spec, session)
-        batcher = (
-            DynamicBatcher(
-                max_queue_delay_microseconds=spec.max_queue_delay_us,
-                preferred_batch_size=list(spec.preferred_batch_sizes) or None,
-                preserve_ordering=spec.preserve_ordering,
-            )
-            if spec.dynamic_batching
-            else None
-        )
-        triton.bind(
-            model_name=spec.name,
-            model_version=spec.version,
-            infer_func=[infer_func] * spec.instance_count,
-            inputs=[Tensor(name=t.name, dtype=t.dtype.type, shape=t.dims) for t in spec.inputs],
-            outputs=[Tensor(name=t.name, dtype=t.dtype.type, shape=t.dims) for t in spec.outputs],
-            config=ModelConfig(
-                batching=spec.max_batch_size > 0,
-                max_batch_size=max(spec.max_batch_size, 0),
-                batcher=batcher,
-            ),
-            strict=True,
-        )
-        LOGGER.info(
-            "bound model '%s' version %d from %s: inputs %s, outputs %s, max_batch_size %d, "
-            "dynamic batching %s (preferred %s, max queue delay %d us), %d instance(s)",
-            spec.name,
-            spec.version,
-            spec.onnx_path,
-            [(t.name, t.dtype.name, list(t.dims)) for t in spec.inputs],
-            [(t.name, t.dtype.name, list(t.dims)) for t in spec.outputs],
-            spec.max_batch_size,
-            "on" if spec.dynamic_batching else "off",
-            list(spec.preferred_batch_sizes),
-            spec.max_queue_delay_us,
-            spec.instance_count,
-        )
-    return triton
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m inference_workers.triton_server",
-        description="Serve a Triton model repository of ONNX models with PyTriton's tritonserver on the CPU.",
+        description="Serve a Triton model repository of ONNX models with the nvidia-pytriton wheel's tritonserver "
+        "on the CPU, with explicit model control.",
     )
     parser.add_argument(
         "--model-repository", type=Path, required=True, help="<model>/config.pbtxt, <model>/<version>/model.onnx"
@@ -345,6 +396,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
     parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver's --log-verbose level")
+    parser.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for readiness")
     return parser.parse_args(argv)
 
 
@@ -361,19 +413,94 @@ def check_ports_free(host: str, ports: Sequence[int]) -> None:
                 ) from exc
 
 
-def _tritonserver_exited(triton: Any) -> bool:
-    # PyTriton offers no public "has the tritonserver process died" while it is still starting;
-    # its TritonServer handle (nvidia-pytriton is pinned in requirements-triton.txt) does.
-    server = getattr(triton, "_triton_server", None)
-    return server is not None and not server.is_alive()
+def _local_url(host: str, port: int, path: str) -> str:
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"http://[{host}]:{port}{path}" if ":" in host else f"http://{host}:{port}{path}"
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _served(args: argparse.Namespace) -> list[str]:
+    """``name/version`` of every READY model version, from Triton's repository index (for the log)."""
+    request = urllib.request.Request(_local_url(args.host, args.http_port, "/v2/repository/index"), data=b"{}")
+    try:
+        with urllib.request.urlopen(request, timeout=5.0) as response:
+            index = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return [f"(repository index unavailable: {exc})"]
+    return sorted(f"{m['name']}/{m.get('version', '?')}" for m in index if m.get("state") == "READY")
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (the stubs of a tritonserver), from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def stop_tritonserver(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM tritonserver and wait for it (it drains, unloads the models, stops the stubs); SIGKILL late ones."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            stubs = _children(process.pid)
+            LOGGER.error("tritonserver still running %.0f s after SIGTERM: killing it and %d stub(s)",
+                         STOP_GRACE_S, len(stubs))
+            for pid in [process.pid, *stubs]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            process.wait(timeout=10)
+
+
+def remove_shared_memory(prefix: str) -> list[str]:
+    """Remove the Python backend's regions named ``prefix*`` from /dev/shm (left by a killed stub)."""
+    removed = []
+    for path in Path("/dev/shm").glob(f"{prefix}*"):
+        try:
+            path.unlink()
+            removed.append(path.name)
+        except OSError:
+            pass
+    return removed
+
+
+def _wait_ready(process: subprocess.Popen[bytes], args: argparse.Namespace, stop: threading.Event) -> int | None:
+    """None once Triton is ready; else the exit code (1: Triton died or was too slow, 0: asked to stop)."""
+    url = _local_url(args.host, args.http_port, "/v2/health/ready")
+    deadline = time.monotonic() + args.startup_timeout
+    while not _ready(url):
+        if stop.is_set():
+            return 0
+        if process.poll() is not None:
+            LOGGER.error("tritonserver exited with code %s while starting; see its log above", process.returncode)
+            return 1
+        if time.monotonic() > deadline:
+            LOGGER.error("Triton not ready within %.0f s; see its log above", args.startup_timeout)
+            return 1
+        time.sleep(0.1)
+    return None
 
 
 def serve(args: argparse.Namespace) -> int:
     """Start Triton, serve until SIGTERM/SIGINT (or until Triton dies), stop it. Returns the exit code."""
     started = time.monotonic()
-    libdir = ensure_own_libpython()
-    LOGGER.info("python %s, libpython from %s", sys.version.split()[0], libdir or "(static interpreter)")
-
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -383,66 +510,47 @@ def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
 
-    specs = discover_models(args.model_repository.resolve())
+    repository = args.model_repository = args.model_repository.resolve()
+    specs = discover_models(repository)
     if not specs:
-        LOGGER.error(
-            "no servable model in %s (need <model>/config.pbtxt and <model>/<n>/model.onnx)", args.model_repository
-        )
+        LOGGER.error("no servable model in %s (need <model>/config.pbtxt and <model>/<n>/model.onnx)", repository)
         return 2
+    check_models(specs)
     check_ports_free(args.host, (args.http_port, args.grpc_port, args.metrics_port))
-    scratch = Path(tempfile.mkdtemp(prefix="tangram-triton-"))
-    triton = build_triton(args, specs, workspace=scratch / "workspace")
-
-    # PyTriton waits two minutes for a tritonserver that died while starting; a watcher sees it at
-    # once. tritonserver must be started from the main thread: PyTriton starts it with
-    # PR_SET_PDEATHSIG, which fires when the *thread* that started it ends.
-    starting = threading.Event()
-    starting.set()
-
-    def watch_startup() -> None:
-        while starting.is_set():
-            if _tritonserver_exited(triton):
-                time.sleep(0.5)  # let PyTriton log the server's last lines
-                if starting.is_set():
-                    running = getattr(getattr(triton, "_triton_server", None), "_tritonserver_running_cmd", None)
-                    LOGGER.error("tritonserver exited while starting (exit code %s); see its log above",
-                                 getattr(running, "exit_code", "unknown"))
-                    # PyTriton's stop() would wait for run(), which waits for a dead server.
-                    shutil.rmtree(scratch, ignore_errors=True)
-                    logging.shutdown()
-                    os._exit(1)
-            time.sleep(0.2)
-
-    threading.Thread(target=watch_startup, name="triton-startup-watch", daemon=True).start()
+    dist = Distribution.find()
+    libdir = ensure_own_libpython()
+    LOGGER.info("python %s, libpython from %s", sys.version.split()[0], libdir or "(static interpreter)")
+    env = tritonserver_env(dist)
+    workspace = Path(tempfile.mkdtemp(prefix="tangram-triton-"))
+    shm_prefix = f"tangram-triton-{os.getpid()}-{secrets.token_hex(4)}-"
+    models = sorted({spec.name for spec in specs})
+    command = tritonserver_command(dist.binary, args, prepare_backends(workspace, dist), models, shm_prefix)
+    LOGGER.info("starting %s", " ".join(command))
+    process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     exit_code = 0
     try:
-        try:
-            triton.run()  # starts tritonserver, waits for it and every model to be ready
-        except Exception as exc:  # noqa: BLE001 - PyTriton raises its own classes and TimeoutError
-            LOGGER.error("Triton did not start: %s", exc)
-            return 1
-        finally:
-            starting.clear()
+        failed = _wait_ready(process, args, stop)
+        if failed is not None:
+            return failed
         LOGGER.info(
-            "Triton ready in %.1f s: models %s; HTTP %s:%d, gRPC %s:%d, metrics %s:%d",
-            time.monotonic() - started,
-            [f"{s.name}/{s.version}" for s in specs],
-            args.host,
-            args.http_port,
-            args.host,
-            args.grpc_port,
-            args.host,
-            args.metrics_port,
+            "Triton ready in %.1f s (explicit model control): %s; HTTP %s:%d, gRPC %s:%d, metrics %s:%d",
+            time.monotonic() - started, ", ".join(_served(args)),
+            args.host, args.http_port, args.host, args.grpc_port, args.host, args.metrics_port,
         )
-        while not stop.wait(1.0):
-            if not triton.is_alive():
-                LOGGER.error("Triton or one of its models died; exiting")
+        while not stop.wait(0.5):
+            if process.poll() is not None:
+                LOGGER.error("tritonserver exited with code %s; exiting", process.returncode)
                 exit_code = 1
                 break
     finally:
         stopping = time.monotonic()
-        triton.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            stop_tritonserver(process)
+        finally:  # even when tritonserver could not be reaped: nothing of this server is left behind
+            shutil.rmtree(workspace, ignore_errors=True)
+            if leftovers := remove_shared_memory(shm_prefix):
+                LOGGER.warning("removed %d shared-memory region(s) the Python backend left: %s",
+                               len(leftovers), leftovers)
         LOGGER.info("Triton stopped in %.1f s", time.monotonic() - stopping)
     return exit_code
 

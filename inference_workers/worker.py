@@ -202,7 +202,8 @@ class InferenceWorker(Processor):
 
     # -- lifecycle -------------------------------------------------------------------
     def setup(self) -> None:
-        """Check every routed version against the contract; refuses to start on a mismatch."""
+        """Have Triton serve every routed version (explicit model control) and check each against the
+        contract; refuses to start on a mismatch or a version Triton cannot load."""
         if self.routing_file and (settings := self.routing_file.poll()):
             self.routing.switch(self.routing.candidate(settings))
         if self.settings.follow_degradation:
@@ -342,7 +343,8 @@ class InferenceWorker(Processor):
             try:
                 await self._serve(plan.targets)
                 models = [await self._model(t) for t in plan.targets]
-            except InferenceError:
+            except InferenceError as exc:
+                log.info("%s: not ready: %s", self.name, exc)
                 return False
             return all(await asyncio.gather(*(m.is_ready() for m in models)))
 

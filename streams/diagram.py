@@ -29,8 +29,9 @@ PIECES: dict[str, str] = {  # module prefix of a processor kind → seed node
     "streams.rules": "4 · Business orchestrator",
     "streams.drift": "6 · Observability",
     "streams.monitor": "6 · Observability",
+    "streams.lifecycle": "7 · Model lifecycle",
 }
-COLOURS = {"1": "#e8f1fb", "2": "#eaf6ec", "3": "#fdf0e6", "4": "#f3ecfa", "6": "#fbeaea"}
+COLOURS = {"1": "#e8f1fb", "2": "#eaf6ec", "3": "#fdf0e6", "4": "#f3ecfa", "6": "#fbeaea", "7": "#eef6f6"}
 DIGEST_KEY = "tangram-digest"
 
 

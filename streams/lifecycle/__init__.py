@@ -3,7 +3,9 @@
 * :mod:`streams.lifecycle.state`: versions, stages, admission rules, routing — a pure fold of events;
 * :mod:`streams.lifecycle.registry`: :class:`ModelRegistry`, the writer (register, promote, rollback…);
 * :mod:`streams.lifecycle.watcher`: :class:`ModelRegistryWatcher`, the live view inference workers embed;
-* :mod:`streams.lifecycle.canary`: canary health (confidence p50) and the controller stepping the share;
+* :mod:`streams.lifecycle.canary`: canary health (confidence p50), the schedule as a pure decision, the controller;
+* :mod:`streams.lifecycle.canary_job`: :class:`~streams.lifecycle.canary_job.CanaryJob`, the processor that runs
+  a model's canary from its prediction topic (topology kind ``streams.lifecycle.canary_job:CanaryJob``);
 * :mod:`streams.lifecycle.artifacts`: sha256 checks before any load, registration from a model card;
 * :mod:`streams.lifecycle.cli`: ``tangram models …``.
 """

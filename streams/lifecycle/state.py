@@ -92,7 +92,13 @@ class AdmissionRule(_Frozen):
 
 
 class CanarySchedule(_Frozen):
-    """The canary's share schedule and health bound (seeds: 1 %, +5 % per interval, p50 −5 % → rollback)."""
+    """The canary's share schedule and health bound (seeds: 1 %, +5 % per interval, p50 −5 % → rollback).
+
+    What ends a canary (the canary job, ``streams.lifecycle.canary_job``, applies it): a health
+    verdict worse than ``max_confidence_p50_drop`` rolls it back at any share; at ``max_share``,
+    after one more healthy ``interval_s``, ``promote: auto`` makes the challenger Production when the
+    model's admission rule passes (``manual``: it stays there until an operator promotes it).
+    """
 
     initial_share: float = Field(0.01, gt=0, le=1)
     step: float = Field(0.05, gt=0, le=1)
@@ -100,6 +106,12 @@ class CanarySchedule(_Frozen):
     max_share: float = Field(0.5, gt=0, le=1, description="The canary never grows past this share by itself.")
     min_events: int = Field(100, ge=1, description="Events per arm before the health is judged.")
     max_confidence_p50_drop: float = Field(0.05, ge=0, lt=1, description="Relative drop of confidence p50 that rolls back.")
+    start: Literal["auto", "manual"] = Field(
+        "auto", description="auto: the canary job starts the canary as soon as there is a Challenger; manual: the "
+                            "Challenger stays in shadow until an operator sets a share (`tangram models canary`).")
+    promote: Literal["auto", "manual"] = Field(
+        "auto", description="auto: at max_share, healthy for one more interval and passing the admission rule, the "
+                            "canary job promotes the Challenger to Production; manual: an operator does.")
 
 
 class ModelPolicy(_Frozen):
@@ -137,9 +149,12 @@ class ModelEvent(_Frozen):
             case "canary":
                 return f"{self.version}: canary share {d['share']:.0%}"
             case "canary-rollback":
-                return f"{self.version}: canary rolled back ({d.get('verdict', '')})"
+                verdict = d.get("verdict") or {}
+                detail = verdict.get("detail", "") if isinstance(verdict, dict) else str(verdict)
+                return f"{self.version}: canary rolled back at {d.get('share', 0):.0%}" + (f" ({detail})" if detail else "")
             case "shadow-evidence":
-                return f"{self.version}: +{d['events']} shadow events, {d['metric']} {d['challenger']} vs {d['production']}"
+                return (f"{self.version}: +{d['events']} shadow events, {d['metric']} {_num(d['challenger'])} "
+                        f"vs {_num(d['production'])}")
             case _:
                 return "policy set"
 
@@ -161,15 +176,20 @@ class Routing(_Frozen):
     challenger: VersionRef | None = None
     canary_share: float = 0.0
     shadow: bool = False
+    #: The version ``rollback`` would serve (the previous Production): a worker that keeps it loaded
+    #: makes a rollback a routing switch, without a model load on the way back.
+    standby: VersionRef | None = None
     revision: int = 0
     updated_ms: int = 0
 
     def serving(self, entity: str) -> VersionRef | None:
         """The version that serves ``entity``: the challenger for the canary share of entities, else production.
 
-        The split is by a stable hash of the entity key, so a device stays on one version.
+        The split is by a stable hash of the entity key, so a device stays on one version; it is the
+        hash the inference worker splits by (``inference_workers.routing.key_bucket``), unsalted, so
+        this answer and the worker's agree.
         """
-        if self.challenger is not None and self.canary_share > 0 and entity_share(entity, self.model) < self.canary_share:
+        if self.challenger is not None and self.canary_share > 0 and entity_share(entity) < self.canary_share:
             return self.challenger
         return self.production
 
@@ -206,6 +226,11 @@ class ModelState:
     def challenger(self) -> str | None:
         return self.in_stage(Stage.CHALLENGER)
 
+    def previous_production(self) -> str | None:
+        """The version ``rollback`` brings back: the latest earlier Production that is not the current one."""
+        current = self.production
+        return next((v for v in reversed(self.production_history[:-1]) if v != current and v in self.versions), None)
+
     def ref(self, version: str | None) -> VersionRef | None:
         if version is None:
             return None
@@ -220,9 +245,14 @@ class ModelState:
             challenger=self.ref(challenger),
             canary_share=self.canary_share if challenger else 0.0,
             shadow=challenger is not None and self.canary_share == 0,
+            standby=self.ref(self.previous_production()),
             revision=len(self.events),
             updated_ms=self.events[-1].at_ms if self.events else 0,
         )
+
+
+def _num(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def now_ms() -> int:
@@ -367,7 +397,7 @@ class RegistryState:
         current = m.production
         if current is None:
             raise ModelRegistryError(f"{name} has no Production version to roll back from")
-        previous = next((v for v in reversed(m.production_history[:-1]) if v != current and v in m.versions), None)
+        previous = m.previous_production()
         if previous is None:
             raise ModelRegistryError(f"{name} has no earlier Production version to roll back to "
                                      f"(production history: {', '.join(m.production_history)})")
@@ -407,8 +437,11 @@ class RegistryState:
 
 def admission(m: ModelState, version: str) -> dict[str, Any]:
     """The admission rule's verdict for ``version`` replacing the current Production."""
-    rule = m.policy.admission
-    ev = m.evidence.get(version, ShadowEvidence())
+    return admission_verdict(m.policy.admission, m.evidence.get(version, ShadowEvidence()))
+
+
+def admission_verdict(rule: AdmissionRule, ev: ShadowEvidence) -> dict[str, Any]:
+    """The verdict of ``rule`` on evidence ``ev`` (also used on evidence about to be recorded)."""
     base = {"rule": rule.model_dump(mode="json"), "events": ev.events, "metric": ev.metric,
             "challenger": ev.challenger, "production": ev.production}
     if ev.events < rule.min_shadow_events:

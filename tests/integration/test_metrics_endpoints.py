@@ -75,7 +75,8 @@ def test_every_processor_serves_metrics_and_its_counters_move(running):
         moved_out = after[name].total("tangram_processor_records_out_total", processor=name) - \
             before[name].total("tangram_processor_records_out_total", processor=name)
         batches = after[name].total("tangram_processor_batch_duration_seconds_count", processor=name)
-        assert moved_in > 0 and moved_out > 0 and batches > 0, (name, moved_in, moved_out, batches)
+        writes = bool(topology.processors[name].outputs)  # the canary job writes only to the model registry
+        assert moved_in > 0 and (moved_out > 0 or not writes) and batches > 0, (name, moved_in, moved_out, batches)
         assert after[name].histogram_quantile("tangram_processor_batch_duration_seconds", 0.99, processor=name) > 0
         assert "process_resident_memory_bytes" in after[name].families  # infrastructure layer
     ingest = after["ingest"]

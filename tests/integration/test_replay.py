@@ -119,18 +119,18 @@ def test_backtest_is_isolated_deterministic_and_cleaned_up(stack, live):
 
 
 def test_backtest_of_two_versions_reports_the_difference_built_into_them(stack, live, tmp_path):
-    """Version 1 against a model trained blind to overheating (served as `anomaly_b`): the report shows it."""
+    """Version 1 against version 2, a model trained blind to overheating: the report shows it."""
     from inference_workers.train import train
     from test_worker import GRPC_PORT, HTTP_PORT, METRICS_PORT, REPOSITORY, TritonProcess
 
     repo = tmp_path / "repo"
-    shutil.copytree(REPOSITORY / "anomaly", repo / "anomaly", ignore=shutil.ignore_patterns("model_card.json"))
+    (repo / "anomaly" / "1").mkdir(parents=True)
+    shutil.copy(REPOSITORY / "anomaly" / "config.pbtxt", repo / "anomaly" / "config.pbtxt")
+    shutil.copy(REPOSITORY / "anomaly" / "1" / "model.onnx", repo / "anomaly" / "1" / "model.onnx")
     scratch = tmp_path / "blind"
-    train(scratch, seed=5, blind_to=("overheating",))
-    (repo / "anomaly_b" / "1").mkdir(parents=True)
-    shutil.copy(scratch / "anomaly" / "1" / "model.onnx", repo / "anomaly_b" / "1" / "model.onnx")
-    config = (REPOSITORY / "anomaly" / "config.pbtxt").read_text().replace('name: "anomaly"', 'name: "anomaly_b"')
-    (repo / "anomaly_b" / "config.pbtxt").write_text(config)
+    train(scratch, seed=5, blind_to=("overheating",), version=2)
+    (repo / "anomaly" / "2").mkdir()
+    shutil.copy(scratch / "anomaly" / "2" / "model.onnx", repo / "anomaly" / "2" / "model.onnx")
     triton = TritonProcess(repo, tmp_path / "triton.log")
     triton.start()
     try:
@@ -138,7 +138,7 @@ def test_backtest_of_two_versions_reports_the_difference_built_into_them(stack, 
                                        "triton_metrics_port": METRICS_PORT})
         run = replay(own, live["path"], run_id=f"v{uuid.uuid4().hex[:6]}")
         try:
-            v1, blind = backtest(own, run.run_id, ["1", "anomaly_b:1"], console=Console(width=160, force_terminal=False))
+            v1, blind = backtest(own, run.run_id, ["1", "2"], console=Console(width=160, force_terminal=False))
         finally:
             delete_run(own, run.run_id)
     finally:

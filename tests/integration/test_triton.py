@@ -1,8 +1,11 @@
-"""The real Triton: `python -m inference_workers.triton_server` on the CPU, called through TritonModel.
+"""The real Triton: `python -m inference_workers.triton_server` on the CPU, called through TritonModel
+and ModelRepository (explicit model control).
 
 The server runs in the model-server environment (.venv-triton) against a temporary model
-repository holding a small ONNX model with the anomaly contract, on ports 28000-28002. If it
-cannot start, these tests fail (they never skip): the local stack needs it.
+repository holding two versions of a small ONNX model with the anomaly contract (different weights),
+with the checked-in config.pbtxt (version policy: the latest one), on ports 28000-28002 (shifted by
+TANGRAM_TEST_PORT_OFFSET). If it cannot start, these tests fail (they never skip): the local stack
+needs it. Tests that load or unload versions put the server back to version 2 alone.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,9 +28,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from inference_workers.triton_client import ANOMALY_CONTRACT, ModelContract, TensorContract, TritonModel
+from inference_workers.triton_client import (
+    ANOMALY_CONTRACT,
+    ModelContract,
+    ModelRepository,
+    TensorContract,
+    TritonModel,
+    VersionState,
+)
 from streams import PROJECT_ROOT
-from streams.errors import InferenceError
+from streams.errors import InferenceError, InferenceUnavailableError
 from streams.settings import StackSettings
 
 pytestmark = pytest.mark.integration
@@ -41,10 +52,10 @@ STOP_TIMEOUT_S = 60.0
 CONFIG = PROJECT_ROOT / "inference_workers" / "model_repository" / "anomaly" / "config.pbtxt"
 
 
-def write_anomaly_model(path: Path, seed: int = 7) -> None:
+def write_anomaly_model(path: Path, seed: int = 7, features: int = 27) -> None:
     """A small ONNX model with the anomaly contract: softmax(features @ W + b), batch dimension free."""
     rng = np.random.default_rng(seed)
-    weights = rng.normal(size=(27, 3)).astype(np.float32)
+    weights = rng.normal(size=(features, 3)).astype(np.float32)
     bias = rng.normal(size=(3,)).astype(np.float32)
     graph = helper.make_graph(
         [
@@ -53,7 +64,7 @@ def write_anomaly_model(path: Path, seed: int = 7) -> None:
             helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1),
         ],
         "anomaly",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 27])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", features])],
         [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 3])],
         initializer=[numpy_helper.from_array(weights, "W"), numpy_helper.from_array(bias, "b")],
     )
@@ -125,7 +136,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repository = root / "model_repository"
     (repository / "anomaly").mkdir(parents=True)
     (repository / "anomaly" / "config.pbtxt").write_text(CONFIG.read_text())
-    write_anomaly_model(repository / "anomaly" / "1" / "model.onnx")
+    write_anomaly_model(repository / "anomaly" / "1" / "model.onnx", seed=7)
+    write_anomaly_model(repository / "anomaly" / "2" / "model.onnx", seed=8)  # other weights
 
     python = StackSettings().triton_python
     if not python.exists():
@@ -167,10 +179,43 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             process.wait(timeout=30)
 
 
-def reference(repository: Path, batch: np.ndarray) -> np.ndarray:
-    session = ort.InferenceSession(str(repository / "anomaly" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+def reference(repository: Path, batch: np.ndarray, version: int = 2) -> np.ndarray:
+    """What onnxruntime answers for ``batch`` with that version's file (2: the one served at start)."""
+    path = repository / "anomaly" / str(version) / "model.onnx"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (probabilities,) = session.run(["probabilities"], {"features": batch})
     return probabilities
+
+
+def control(action) -> object:
+    """Run ``action(repository)`` (a coroutine function) with a ModelRepository on the test server."""
+
+    async def run() -> object:
+        async with ModelRepository(GRPC_URL, timeout_s=10.0, load_timeout_s=60.0) as repository:
+            return await action(repository)
+
+    return asyncio.run(run())
+
+
+def infer(version: str, batch: np.ndarray) -> np.ndarray:
+    async def call() -> np.ndarray:
+        async with TritonModel(GRPC_URL, "anomaly", version, timeout_s=30.0) as model:
+            return await model.infer(batch)
+
+    return asyncio.run(call())
+
+
+def states() -> dict[str, str]:
+    """version -> Triton's state of each version of 'anomaly' in the repository index."""
+    index: list[VersionState] = control(lambda r: r.index())  # type: ignore[assignment]
+    return {v.version: v.state for v in index if v.model == "anomaly"}
+
+
+@pytest.fixture
+def back_to_version_2() -> Iterator[None]:
+    """After the test, Triton serves version 2 alone again (as at start)."""
+    yield
+    control(lambda r: r.load("anomaly", [2]))
 
 
 # ---------------------------------------------------------------- tests (the SIGTERM one stays last)
@@ -187,10 +232,16 @@ def test_server_is_ready_and_serves_the_declared_config(server: Server) -> None:
             assert list(config.dynamic_batching.preferred_batch_size) == [64, 256, 1024]
             assert config.dynamic_batching.max_queue_delay_microseconds == 2000
             assert sum(g.count for g in config.instance_group) == 1
+            # the ONNX platform, as NVIDIA's image reports it; run by the Python-based onnxruntime backend
+            assert (config.platform, config.backend, config.runtime) == ("onnxruntime_onnx", "onnxruntime", "model.py")
+            metadata = await model._grpc().get_model_metadata("anomaly")
+            assert metadata.platform == "onnxruntime_onnx"
         finally:
             await model.close()
 
     asyncio.run(check())
+    # explicit model control: the config's version policy (the latest one) chose what was loaded at start
+    assert states() == {"2": "READY"}
 
 
 @pytest.mark.parametrize("rows", [1, 1000, 2500])
@@ -275,15 +326,26 @@ def test_a_batch_off_contract_is_refused_before_sending(server: Server) -> None:
 
 
 def test_a_call_past_its_deadline_raises(server: Server) -> None:
+    """Triton frozen (SIGSTOP): the call's deadline fires. (A tiny deadline alone races a fast server.)"""
     batch = np.zeros((1024, 27), dtype=np.float32)
+    servers = [p for p in descendants(server.process.pid) if Path(f"/proc/{p}/exe").resolve().name == "tritonserver"]
+    assert servers
 
     async def infer() -> None:
         async with TritonModel(GRPC_URL, "anomaly", timeout_s=5.0) as model:
-            model.timeout_s = 1e-6  # set up with a sane deadline, then call with a tiny one
-            await model.infer(batch)
+            model.timeout_s = 0.5  # set up with a sane deadline, then call a frozen server
+            for pid in servers:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                await model.infer(batch)
+            finally:
+                for pid in servers:
+                    os.kill(pid, signal.SIGCONT)
 
-    with pytest.raises(InferenceError, match="deadline exceeded"):
+    started = time.monotonic()
+    with pytest.raises(InferenceUnavailableError, match="deadline exceeded"):
         asyncio.run(infer())
+    assert time.monotonic() - started < 5.0
 
 
 def test_an_unreachable_server_raises(server: Server) -> None:
@@ -316,11 +378,138 @@ def test_a_second_server_on_the_same_ports_exits_at_once(server: Server) -> None
     assert _ready()  # the first one still serves
 
 
+def test_two_versions_of_one_name_serve_side_by_side_each_with_its_own_weights(
+    server: Server, back_to_version_2: None
+) -> None:
+    batch = np.random.default_rng(3).normal(size=(50, 27)).astype(np.float32)
+    loaded = control(lambda r: r.serve("anomaly", {"1"}))  # load the new beside the one served
+    assert loaded == {"1"}
+    assert states() == {"1": "READY", "2": "READY"}
+    one, two = infer("1", batch), infer("2", batch)
+    np.testing.assert_allclose(one, reference(server.repository, batch, 1), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(two, reference(server.repository, batch, 2), rtol=0, atol=1e-5)
+    assert np.abs(one - two).max() > 0.1  # two models, not one answering twice
+    assert control(lambda r: r.serve("anomaly", {"1", "2"})) == set()  # both served: no request
+
+
+def test_loading_and_unloading_never_fails_a_call_to_a_version_that_stays(server: Server, back_to_version_2: None) -> None:
+    """Calls to version 2 run throughout: load 1 beside it, unload 1, unload and reload the model's other versions."""
+    batch = np.random.default_rng(4).normal(size=(8, 27)).astype(np.float32)
+    expected = reference(server.repository, batch, 2)
+    stop, answered, failures = threading.Event(), [0], []
+
+    async def call_version_2() -> None:
+        async with TritonModel(GRPC_URL, "anomaly", "2", timeout_s=10.0) as model:
+            while not stop.is_set():
+                try:
+                    np.testing.assert_allclose(await model.infer(batch), expected, rtol=0, atol=1e-5)
+                    answered[0] += 1
+                except (InferenceError, AssertionError) as exc:
+                    failures.append(str(exc))
+
+    caller = threading.Thread(target=lambda: asyncio.run(call_version_2()))
+    caller.start()
+    try:
+        time.sleep(0.3)
+        assert control(lambda r: r.serve("anomaly", {"1"})) == {"1"}  # Triton reloads 2 as well: seamless
+        assert control(lambda r: r.retire("anomaly", {"1"})) == {"1"}
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        caller.join(60)
+    print(f"\n{answered[0]} calls to version 2 while version 1 was loaded and unloaded, {len(failures)} failed")
+    assert answered[0] > 50 and failures == []
+    deadline = time.monotonic() + 10
+    while states().get("1") != "UNAVAILABLE" and time.monotonic() < deadline:
+        time.sleep(0.1)  # UNLOADING until its stub has stopped
+    assert states() == {"1": "UNAVAILABLE", "2": "READY"}
+
+
+def test_a_call_to_an_unloaded_version_is_unavailable_not_wrong(server: Server, back_to_version_2: None) -> None:
+    """What a worker replica that has not switched yet sees: "retry later" (backpressure), never an answer."""
+    batch = np.zeros((4, 27), dtype=np.float32)
+
+    async def setup() -> None:
+        async with TritonModel(GRPC_URL, "anomaly", "1", timeout_s=10.0):  # a client loads nothing
+            pass
+
+    with pytest.raises(InferenceUnavailableError, match="version 1"):
+        asyncio.run(setup())
+    control(lambda r: r.serve("anomaly", {"1"}))
+    np.testing.assert_allclose(infer("1", batch), reference(server.repository, batch, 1), rtol=0, atol=1e-5)
+    control(lambda r: r.retire("anomaly", {"1"}))
+    with pytest.raises(InferenceUnavailableError, match="unavailable"):
+        infer("1", batch)
+    np.testing.assert_allclose(infer("2", batch), reference(server.repository, batch, 2), rtol=0, atol=1e-5)
+
+
+def test_a_version_triton_cannot_load_is_refused_and_the_served_ones_stay(server: Server, back_to_version_2: None) -> None:
+    (server.repository / "anomaly" / "3").mkdir(exist_ok=True)
+    (server.repository / "anomaly" / "3" / "model.onnx").write_bytes(b"not an onnx file")
+    write_anomaly_model(server.repository / "anomaly" / "4" / "model.onnx", features=26)  # off contract
+    try:
+        with pytest.raises(InferenceError, match=r"version 3 .*onnxruntime cannot load"):
+            control(lambda r: r.serve("anomaly", {"3"}))
+        with pytest.raises(InferenceError, match=r"input 'features' has shape \['batch', 26\].*declares \[-1, 27\]"):
+            control(lambda r: r.serve("anomaly", {"4"}))
+        with pytest.raises(InferenceError, match="is every version asked for a folder"):
+            control(lambda r: r.load("anomaly", [9]))
+        with pytest.raises(InferenceError, match="no_such_model"):
+            control(lambda r: r.serve("no_such_model", {"1"}))
+    finally:
+        for version in ("3", "4"):
+            for path in (server.repository / "anomaly" / version).iterdir():
+                path.unlink()
+            (server.repository / "anomaly" / version).rmdir()
+    assert states()["2"] == "READY"
+    assert _ready()  # a failed load leaves the server ready: the served versions answer
+    batch = np.ones((2, 27), dtype=np.float32)
+    np.testing.assert_allclose(infer("2", batch), reference(server.repository, batch, 2), rtol=0, atol=1e-5)
+
+
+def test_unloading_the_model_then_serving_a_version_again(server: Server, back_to_version_2: None) -> None:
+    control(lambda r: r.unload("anomaly"))
+    deadline = time.monotonic() + 10
+    while states().get("2") != "UNAVAILABLE" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not {v for v, state in states().items() if state == "READY"}
+
+    async def version_2_ready() -> bool:
+        model = TritonModel(GRPC_URL, "anomaly", "2")
+        try:
+            return await model.is_ready()
+        finally:
+            await model.close()
+
+    assert not asyncio.run(version_2_ready())
+    assert control(lambda r: r.serve("anomaly", {"1"})) == {"1"}  # from nothing: its config is read from the repository
+    assert states().get("1") == "READY"
+    assert _ready()  # the server stayed ready throughout (see the server's docstring: not strict)
+
+
+def test_a_bad_repository_is_refused_before_triton_starts(tmp_path: Path) -> None:
+    (tmp_path / "anomaly").mkdir()
+    (tmp_path / "anomaly" / "config.pbtxt").write_text(CONFIG.read_text())
+    write_anomaly_model(tmp_path / "anomaly" / "1" / "model.onnx", features=26)
+    command = [
+        str(StackSettings().triton_python), "-m", "inference_workers.triton_server",
+        "--model-repository", str(tmp_path),
+        "--http-port", str(HTTP_PORT + 50), "--grpc-port", str(GRPC_PORT + 50), "--metrics-port", str(METRICS_PORT + 50),
+    ]  # fmt: skip
+    result = subprocess.run(command, check=False, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "model 'anomaly' version 1: input 'features' has shape ['batch', 26]" in result.stdout
+    assert "starting" not in result.stdout  # refused before tritonserver starts
+
+
 def test_sigterm_stops_the_server_and_every_child(server: Server) -> None:
     process = server.process
     children = descendants(process.pid)
     names = {Path(f"/proc/{p}/exe").resolve().name for p in children if Path(f"/proc/{p}").exists()}
     assert "tritonserver" in names, f"no tritonserver among the children: {names}"
+    assert "triton_python_backend_stub" in names, f"no Python-backend stub among the children: {names}"
+    regions = f"tangram-triton-{process.pid}-*"
+    assert list(Path("/dev/shm").glob(regions)), "the stubs' shared memory is not where it is looked for"
 
     process.send_signal(signal.SIGTERM)
     try:
@@ -334,3 +523,4 @@ def test_sigterm_stops_the_server_and_every_child(server: Server) -> None:
         time.sleep(0.1)
     assert not left, f"processes left behind after SIGTERM: {sorted(left)}"
     assert not _ready()
+    assert not list(Path("/dev/shm").glob(regions)), "shared memory left behind in /dev/shm"

@@ -3,14 +3,15 @@
 These tests run their own Triton (``python -m inference_workers.triton_server`` on ports
 28010-28012, shifted by TANGRAM_TEST_PORT_OFFSET: below the kernel's ephemeral range, where a client
 connection's local port could take one of them) so that they can stop, freeze and restart it without disturbing the session stack's.
-Its repository holds the project's trained ``anomaly`` model (version 1) and a second model trained
-with another seed, served as ``anomaly_b`` (the CPU Triton that PyTriton ships serves one version
-per model name; NVIDIA's Triton serves both as versions of one name, see docs/inference.md).
-Kafka and the schema registry are the session stack's.
+Its repository holds two versions of ``anomaly``: the project's trained model (version 1) and one
+trained with another seed (version 2, other weights), with the checked-in config.pbtxt, so Triton
+loads version 2 at start (its version policy: the latest one) and a worker routed to version 1 has it
+loaded through Triton's explicit model control. Kafka and the schema registry are the session stack's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -31,9 +32,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from inference_workers.routing import key_bucket
 from inference_workers.train import train
+from inference_workers.triton_client import ModelRepository
 from streams import PROJECT_ROOT
 from streams.avro import codec
-from streams.delivery import Runner, RunnerConfig
+from streams.delivery import Record, Runner, RunnerConfig
+from streams.errors import BackpressureError
 from streams.features import FEATURE_NAMES
 from streams.plan import apply
 from streams.run import build_processor
@@ -69,8 +72,8 @@ class TritonProcess:
             return False
 
     def start(self, tries: int = 3) -> float:
-        """Start and wait until ready. PyTriton's tritonserver sometimes dies while loading the models
-        (exit code in the log); such a start is retried, up to ``tries`` starts in all."""
+        """Start and wait until ready. A start whose tritonserver dies while loading the models (exit
+        code in the log) is retried, up to ``tries`` starts in all."""
         started = time.monotonic()
         for attempt in range(1, tries + 1):
             if self._start_once():
@@ -142,12 +145,10 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonProcess]:
     (repository / "anomaly" / "1").mkdir(parents=True)
     shutil.copy(REPOSITORY / "anomaly" / "config.pbtxt", repository / "anomaly" / "config.pbtxt")
     shutil.copy(production, repository / "anomaly" / "1" / "model.onnx")
-    # The challenger: the same training script, another seed (different weights).
+    # Version 2: the same training script, another seed (different weights).
     train(root / "trained", seed=7, n_devices=120, seconds=120.0, version=2)
-    (repository / "anomaly_b" / "1").mkdir(parents=True)
-    config = (REPOSITORY / "anomaly" / "config.pbtxt").read_text().replace('name: "anomaly"', 'name: "anomaly_b"')
-    (repository / "anomaly_b" / "config.pbtxt").write_text(config)
-    shutil.copy(root / "trained" / "anomaly" / "2" / "model.onnx", repository / "anomaly_b" / "1" / "model.onnx")
+    (repository / "anomaly" / "2").mkdir(parents=True)
+    shutil.copy(root / "trained" / "anomaly" / "2" / "model.onnx", repository / "anomaly" / "2" / "model.onnx")
     server = TritonProcess(repository, root / "triton.log")
     try:
         print(f"\nprivate Triton ready in {server.start():.1f}s")
@@ -158,6 +159,16 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonProcess]:
 
 def own_triton(stack: StackSettings) -> StackSettings:
     return stack.model_copy(update={"triton_grpc_port": GRPC_PORT})
+
+
+def served_versions() -> set[str]:
+    """The versions of ``anomaly`` the private Triton serves now (READY in its repository index)."""
+
+    async def read() -> set[str]:
+        async with ModelRepository(f"{HOST}:{GRPC_PORT}", timeout_s=10.0) as repository:
+            return await repository.ready_versions("anomaly")
+
+    return asyncio.run(read())
 
 
 def worker_topology(tmp_path: Path, stack: StackSettings, *, exactly_once: bool = False, batch_size: int = 64,
@@ -363,9 +374,11 @@ def test_a_hanging_triton_hits_the_deadline_and_the_batch_is_retried(stack, trit
     assert runner.assignments == 1
 
 
-def test_canary_then_a_version_switch_under_load_loses_nothing(stack, triton, tmp_path):
+def test_canary_then_version_switches_under_load_lose_nothing_and_unload_the_old(stack, triton, tmp_path):
+    """anomaly 1 with 2 as a 30 % canary → 2 with 1 in shadow → 2 alone, at 500 windows/s: Triton loads
+    version 1 for the worker (it served 2 alone), and unloads it once no batch uses it."""
     routing = tmp_path / "routing.json"
-    routing.write_text(json.dumps({"production": "1", "challenger": "anomaly_b:1", "canary_share": 0.3}))
+    routing.write_text(json.dumps({"production": "1", "challenger": "2", "canary_share": 0.3}))
     topology, _, prefix = worker_topology(tmp_path, stack, params={"routing_file": str(routing)}, shadow=True)
     source, out = f"{prefix}.features.device_window", f"{prefix}.predictions.anomaly"
     shadow_topic = f"{prefix}.predictions.anomaly_shadow"
@@ -375,20 +388,68 @@ def test_canary_then_a_version_switch_under_load_loses_nothing(stack, triton, tm
     try:
         feeder.start()
         wait_for_count(stack, out, 3, at_least=1000, timeout_s=60)
-        routing.write_text(json.dumps({"production": "anomaly_b:1", "challenger": "1", "mode": "shadow"}))
+        assert served_versions() == {"1", "2"}
+        routing.write_text(json.dumps({"production": "2", "challenger": "1", "mode": "shadow"}))
+        wait_for_count(stack, out, 3, at_least=2500, timeout_s=60)
+        routing.write_text(json.dumps({"production": "2"}))
         switched = time.monotonic()
         feeder.join()
         got = wait_scored(stack, out, sent)
+        served = served_versions()
     finally:
         stop_runner(runner, thread)
         feeder.join()
     assert not set(sent) - {(device, start) for _, device, start in got}
     canary = [(v, d) for v, d, start in got if start < 5000 * 2]  # the first windows: before the switch
-    assert canary and all((v == "anomaly_b:1") == (key_bucket(d) < 0.3) for v, d in canary)
+    assert canary and all((v == "anomaly:2") == (key_bucket(d) < 0.3) for v, d in canary)
     last = [v for v, _, start in got if start >= max(s for _, s in sent) - 5000]
-    assert set(last) == {"anomaly_b:1"}, "after the switch production is anomaly_b"
+    assert set(last) == {"anomaly:2"}, "after the switches production is version 2"
     shadow = predictions(stack, shadow_topic)
     assert shadow and {v for v, _, _ in shadow} == {"anomaly:1"}
-    print(f"\nversion switch under load: {len(sent)} windows, {len(got)} predictions "
-          f"({sum(v == 'anomaly:1' for v, _, _ in got)} by anomaly:1, {sum(v == 'anomaly_b:1' for v, _, _ in got)} "
-          f"by anomaly_b:1), {len(shadow)} shadow; switched {time.monotonic() - switched:.1f}s before the end")
+    assert served == {"2"}, "version 1, no longer routed, is unloaded"
+    print(f"\nversion switches under load: {len(sent)} windows, {len(got)} predictions "
+          f"({sum(v == 'anomaly:1' for v, _, _ in got)} by anomaly:1, {sum(v == 'anomaly:2' for v, _, _ in got)} "
+          f"by anomaly:2), {len(shadow)} shadow; last switch {time.monotonic() - switched:.1f}s before the end; "
+          f"Triton serves {sorted(served)} at the end")
+
+
+def test_a_replica_calling_a_version_another_replica_unloaded_backs_off_and_loses_nothing(stack, triton, tmp_path):
+    """Two replicas switch at different times: A switches to 2 and unloads 1 while B still routes to 1.
+    B's call is "unavailable" → backpressure (nothing produced); ready() has Triton load 1 again; B's
+    batch is then scored by 1. When B switches too, 1 is unloaded for good."""
+    files = {name: tmp_path / f"routing-{name}.json" for name in ("a", "b")}
+    for path in files.values():
+        path.write_text(json.dumps({"production": "1"}))
+    workers = {}
+    for name, path in files.items():
+        (tmp_path / name).mkdir()
+        topology, _, _ = worker_topology(tmp_path / name, stack, params={"routing_file": str(path)})
+        workers[name] = build_processor(topology, "inference", own_triton(stack))
+    a, b = workers["a"], workers["b"]
+    encode = codec(stack.registry_url, "pm.features.device_window-value",
+                   load_schema("pm.features.device_window-value")).encode
+    batch = [Record("t", 0, i, f"dev-{i}".encode(), encode(window(f"dev-{i}", 0)), {"trace_id": b"0" * 32}, 0)
+             for i in range(8)]
+
+    def versions(outputs) -> set[str]:
+        return {dict(o.headers)["event_id"].rsplit(":", 2)[0] for o in outputs}
+
+    try:
+        a.setup()
+        b.setup()
+        assert served_versions() >= {"1"}
+        assert versions(b.process(batch)) == {"anomaly:1"}
+        files["a"].write_text(json.dumps({"production": "2"}))
+        assert versions(a.process(batch)) == {"anomaly:2"}  # load 2, switch, unload 1
+        assert served_versions() == {"2"}
+        with pytest.raises(BackpressureError, match="version 1"):
+            b.process(batch)  # B has not switched: its call to 1 is refused as "unavailable"
+        assert b.ready()  # Triton loads 1 again for B
+        assert served_versions() == {"1", "2"}
+        assert versions(b.process(batch)) == {"anomaly:1"}
+        files["b"].write_text(json.dumps({"production": "2"}))
+        assert versions(b.process(batch)) == {"anomaly:2"}
+        assert served_versions() == {"2"}
+    finally:
+        a.close()
+        b.close()

@@ -16,7 +16,7 @@ def test_reference_topology_round_trips_through_yaml():
 
 def test_reference_topology_declares_the_walking_skeleton():
     topology = load_topology(REFERENCE)
-    assert list(topology.processors) == ["ingest", "features", "inference", "rules", "drift"]
+    assert list(topology.processors) == ["ingest", "features", "inference", "rules", "drift", "canary"]
     assert topology.processors["ingest"].dlq == "pm.dlq.ingest"
     assert topology.partitions("pm.ingest.telemetry") == 3
     assert topology.topics["pm.sim.labels"].configs()["cleanup.policy"] == "compact"

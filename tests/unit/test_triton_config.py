@@ -1,4 +1,6 @@
-"""The checked-in Triton model config parses as Triton's own ModelConfig and declares the anomaly contract."""
+"""The checked-in Triton model config parses as Triton's own ModelConfig and declares the anomaly contract;
+the local Triton reads it as declared, starts with explicit model control, and its onnxruntime backend
+checks each ONNX file against it."""
 
 from __future__ import annotations
 
@@ -120,3 +122,66 @@ def test_the_local_server_puts_its_own_libpython_first(monkeypatch: pytest.Monke
     assert os.environ["LD_LIBRARY_PATH"].split(os.pathsep) == [libdir, "/usr/lib/x86_64-linux-gnu"]
     triton_server.ensure_own_libpython()  # idempotent
     assert os.environ["LD_LIBRARY_PATH"].split(os.pathsep) == [libdir, "/usr/lib/x86_64-linux-gnu"]
+
+
+def test_the_local_server_starts_triton_with_explicit_model_control(tmp_path: Path) -> None:
+    args = triton_server.parse_args(["--model-repository", str(tmp_path), "--grpc-port", "9001"])
+    command = triton_server.tritonserver_command(Path("/bin/tritonserver"), args, tmp_path / "backends",
+                                                 ["anomaly", "other"], "tangram-triton-1-ab-")
+    assert command[0] == "/bin/tritonserver"
+    assert "--model-control-mode=explicit" in command
+    assert [c for c in command if c.startswith("--load-model=")] == ["--load-model=anomaly", "--load-model=other"]
+    assert f"--model-repository={tmp_path}" in command and f"--backend-directory={tmp_path / 'backends'}" in command
+    assert "--grpc-port=9001" in command and "--http-port=8000" in command
+    assert "--backend-config=python,shm-region-prefix-name=tangram-triton-1-ab-" in command
+
+
+def _onnx_model(path: Path, features: int = 27) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = np.ones((features, 3), dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["features", "W"], ["logits"]), helper.make_node("Softmax", ["logits"], ["probabilities"])],
+        "anomaly",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", features])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 3])],
+        initializer=[numpy_helper.from_array(weights, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def test_the_onnx_backend_checks_the_graph_against_the_config(tmp_path: Path) -> None:
+    """The local Triton's onnxruntime backend refuses, naming the tensor, a file that is not what config.pbtxt declares."""
+    from google.protobuf.json_format import MessageToDict
+
+    from inference_workers import triton_onnx_backend as backend
+
+    as_json = MessageToDict(triton_server.parse_model_config(CONFIG), preserving_proto_field_name=True)
+    inputs, outputs = backend.declared_tensors(as_json, "input"), backend.declared_tensors(as_json, "output")
+    assert inputs == [("features", np.dtype(np.float32), (27,))] and outputs == [("probabilities", np.dtype(np.float32), (3,))]
+
+    good, narrow, wrong = tmp_path / "good.onnx", tmp_path / "narrow.onnx", tmp_path / "missing.onnx"
+    _onnx_model(good)
+    _onnx_model(narrow, features=26)
+    session = backend.open_session(str(good), inputs, outputs, True, "v1")
+    assert session.run(["probabilities"], {"features": np.zeros((2, 27), dtype=np.float32)})[0].shape == (2, 3)
+    with pytest.raises(ValueError, match=r"v2: input 'features' has shape \['batch', 26\].*declares \[-1, 27\]"):
+        backend.open_session(str(narrow), inputs, outputs, True, "v2")
+    with pytest.raises(ValueError, match="output 'scores' is not an output of the ONNX graph"):
+        backend.open_session(str(good), inputs, [("scores", np.dtype(np.float32), (3,))], True, "v3")
+    with pytest.raises(ValueError, match="is tensor\\(float\\) in the ONNX graph, the config declares float64"):
+        backend.open_session(str(good), [("features", np.dtype(np.float64), (27,))], outputs, True, "v4")
+    with pytest.raises(ValueError, match="does not exist"):
+        backend.open_session(str(wrong), inputs, outputs, True, "v5")
+
+
+def test_the_onnx_backend_splits_a_dynamic_batch_back_into_its_requests() -> None:
+    from inference_workers import triton_onnx_backend as backend
+
+    merged = np.arange(12).reshape(6, 2)
+    parts = backend.split_rows([merged, merged[:, :1]], [1, 3, 2])
+    assert [p[0].tolist() for p in parts] == [merged[:1].tolist(), merged[1:4].tolist(), merged[4:].tolist()]
+    assert [p[1].shape for p in parts] == [(1, 1), (3, 1), (2, 1)]

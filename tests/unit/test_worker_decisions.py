@@ -58,6 +58,27 @@ class FakeModel:
         pass
 
 
+class FakeRepository:
+    """ModelRepository's interface (explicit model control): "serves" the fakes' versions, records loads and unloads."""
+
+    def __init__(self, fakes: dict[ModelTarget, FakeModel]):
+        self.fakes = fakes
+        self.calls: list[tuple[str, str, list[str]]] = []
+
+    async def serve(self, model: str, versions: set[str]) -> set[str]:
+        self.calls.append(("serve", model, sorted(versions)))
+        if any(self.fakes[ModelTarget(model, v)].down for v in versions):
+            raise InferenceUnavailableError("Triton is unavailable")
+        return set()
+
+    async def retire(self, model: str, versions: set[str]) -> set[str]:
+        self.calls.append(("retire", model, sorted(versions)))
+        return set(versions)
+
+    async def close(self) -> None:
+        pass
+
+
 def window(device: str, start: int, value: float = 1.0) -> dict:
     return {"device_id": device, "window_start": start, "window_end": start + 5000, "count": 50,
             "missing_rate": 0.0, **{name: value for name in FEATURE_NAMES if name not in ("missing_rate",)}}
@@ -74,6 +95,7 @@ def make_worker(**params) -> tuple[InferenceWorker, dict[ModelTarget, FakeModel]
     )
     fakes = {ModelTarget("anomaly", "1"): FakeModel(), ModelTarget("anomaly", "2"): FakeModel(shift=0.5)}
     worker.models.update(fakes)
+    worker.repository = FakeRepository(fakes)
     return worker, fakes
 
 
@@ -162,6 +184,8 @@ def test_routing_file_switches_versions_between_batches(tmp_path) -> None:
     path.write_text(json.dumps({"production": "2"}) + " ")
     assert predictions(worker, worker.process(batch))[0]["model_version"] == "2"
     assert ModelTarget("anomaly", "1") not in worker.models  # the version no longer routed is closed
+    # load the new, switch, unload the old (explicit model control)
+    assert worker.repository.calls[-2:] == [("serve", "anomaly", ["2"]), ("retire", "anomaly", ["1"])]
 
 
 class FixedLevel:

@@ -1,0 +1,82 @@
+"""The inference worker's version switch without Triton: load the new, switch, unload the old; retries.
+
+Uses the in-process fakes of test_worker_decisions (a fake model per version, a fake repository for
+Triton's explicit model control); tests/integration/test_worker.py runs the same switches on the real
+Triton and Kafka.
+"""
+
+from __future__ import annotations
+
+import json
+
+from inference_workers.routing import ModelTarget
+from streams.errors import InferenceError, InferenceUnavailableError
+
+from test_worker_decisions import FakeRepository, make_worker, predictions, records, window
+
+
+class FlakyRepository(FakeRepository):
+    """Refuses the first ``failures`` loads with ``error`` (Triton down, or Triton refusing the version)."""
+
+    def __init__(self, fakes, failures: int, error: Exception):
+        super().__init__(fakes)
+        self.failures = failures
+        self.error = error
+
+    async def serve(self, model: str, versions: set[str]) -> set[str]:
+        if "2" in versions and self.failures > 0:
+            self.failures -= 1
+            self.calls.append(("refused", model, sorted(versions)))
+            raise self.error
+        return await super().serve(model, versions)
+
+
+def version_of(worker, batch) -> str:
+    (prediction,) = predictions(worker, worker.process(batch))
+    return prediction["model_version"]
+
+
+def test_a_switch_triton_cannot_take_yet_waits_and_is_retried_between_batches(tmp_path) -> None:
+    path = tmp_path / "routing.json"
+    path.write_text(json.dumps({"production": "1"}))
+    worker, fakes = make_worker(routing_file=str(path))
+    worker.repository = FlakyRepository(fakes, failures=2, error=InferenceUnavailableError("Triton is unavailable"))
+    batch = records(worker, [window("dev-1", 0)])
+    assert version_of(worker, batch) == "1"
+    worker.models[ModelTarget("anomaly", "2")] = fakes[ModelTarget("anomaly", "2")]
+    path.write_text(json.dumps({"production": "2"}) + " ")
+    assert version_of(worker, batch) == "1"  # Triton down: the routing stays, the change waits
+    assert version_of(worker, batch) == "1"  # second try refused too
+    assert version_of(worker, batch) == "2"  # third try: loaded, switched
+    assert [c[0] for c in worker.repository.calls] == ["serve", "refused", "refused", "serve", "retire"]
+    assert worker.repository.calls[-1] == ("retire", "anomaly", ["1"])
+
+
+def test_a_version_triton_refuses_is_not_retried_and_the_routing_stays(tmp_path) -> None:
+    path = tmp_path / "routing.json"
+    path.write_text(json.dumps({"production": "1"}))
+    worker, fakes = make_worker(routing_file=str(path))
+    worker.repository = FlakyRepository(fakes, failures=1, error=InferenceError("version 2 is UNAVAILABLE: bad file"))
+    batch = records(worker, [window("dev-1", 0)])
+    assert version_of(worker, batch) == "1"
+    path.write_text(json.dumps({"production": "2"}) + " ")
+    assert version_of(worker, batch) == "1"
+    assert version_of(worker, batch) == "1"
+    assert [c[0] for c in worker.repository.calls] == ["serve", "refused"]  # no retry, nothing unloaded
+
+
+def test_ready_applies_a_waiting_switch_and_has_the_routed_versions_loaded(tmp_path) -> None:
+    """What a replica does while paused: switch if a change arrived, else get its versions loaded again."""
+    path = tmp_path / "routing.json"
+    path.write_text(json.dumps({"production": "1"}))
+    worker, fakes = make_worker(routing_file=str(path))
+    batch = records(worker, [window("dev-1", 0)])
+    assert version_of(worker, batch) == "1"
+    assert worker.ready()
+    assert worker.repository.calls[-1] == ("serve", "anomaly", ["1"])  # (re)load what the routing needs
+    worker.models[ModelTarget("anomaly", "2")] = fakes[ModelTarget("anomaly", "2")]
+    path.write_text(json.dumps({"production": "2"}) + " ")
+    assert worker.ready()  # the change is applied before the put-back batch is retried
+    assert worker.routing.plan.production == ModelTarget("anomaly", "2")
+    assert ("retire", "anomaly", ["1"]) in worker.repository.calls
+    assert version_of(worker, batch) == "2"
