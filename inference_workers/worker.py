@@ -176,6 +176,8 @@ class InferenceWorker(Processor):
         self.watcher: ModelRegistryWatcher | None = None
         self._registry_routing: Routing | None = None  # set by the watcher's thread, applied between batches
         self._pending: RoutingSettings | None = None  # a routing change Triton could not take yet: retried
+        self._standby: set[ModelTarget] = set()  # the registry's previous Production, kept loaded for rollbacks
+        self._stale_standby: set[ModelTarget] = set()  # standby versions replaced since the last switch: unloaded
         self.repository = ModelRepository(triton_url, settings.timeout_s, settings.load_timeout_s)  # explicit control
         self.config: ConfigSubscriber | None = None
         self.models: dict[ModelTarget, TritonModel] = {}
@@ -287,6 +289,10 @@ class InferenceWorker(Processor):
         settings = None
         if self._registry_routing is not None:
             routing, self._registry_routing = self._registry_routing, None
+            # the previous Production stays loaded in Triton: a rollback is then a routing switch, not a load
+            standby = {ModelTarget(routing.model, routing.standby.version)} if routing.standby else set()
+            self._stale_standby |= self._standby - standby
+            self._standby = standby
             try:
                 settings = self._registry_settings(routing)
             except ArtifactIntegrityError as exc:
@@ -315,8 +321,14 @@ class InferenceWorker(Processor):
         previous = self.routing.switch(plan)
         for target in [t for t in self.models if t not in plan.targets]:
             self.loop.run_until_complete(self.models.pop(target).close())
-        if dropped := [t for t in previous.targets if t not in plan.targets]:
+        stale, self._stale_standby = self._stale_standby, set()
+        if dropped := [t for t in {*previous.targets, *stale} if t not in plan.targets and t not in self._standby]:
             self.loop.run_until_complete(self._retire(dropped))
+        if standby := [t for t in self._standby if t not in plan.targets]:
+            try:
+                self.loop.run_until_complete(self._serve(standby))
+            except InferenceError as exc:  # only a faster rollback is at stake
+                log.warning("%s: standby %s not loaded: %s", self.name, ", ".join(map(str, standby)), exc)
 
     def degradation_level(self) -> str:
         """The config center's manual degradation level, when this worker follows it; L0 otherwise."""

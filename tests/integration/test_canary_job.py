@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -63,14 +60,12 @@ from streams.topology import load_schema, load_topology
 
 from conftest import stack_env
 from isolation import isolated_topology
+from triton_helpers import REPOSITORY, TritonProcess, own_triton
 
 pytestmark = pytest.mark.integration
 
-HOST = "127.0.0.1"
 _OFFSET = int(os.environ.get("TANGRAM_TEST_PORT_OFFSET", "0"))
-HTTP_PORT, GRPC_PORT, METRICS_PORT = 28030 + _OFFSET, 28031 + _OFFSET, 28032 + _OFFSET
 JOB_METRICS_PORT = 40730 + _OFFSET
-REPOSITORY = PROJECT_ROOT / "inference_workers" / "model_repository"
 CLASSES = ("healthy", "bearing_wear", "overheating")
 DEVICES, RATE = 100, 200.0  # windows/s: 2 per device per second
 VERSIONS = ("1", "2", "3")
@@ -86,49 +81,6 @@ POLICY = {"admission": {"min_shadow_events": 50, "metric": CONFIDENCE_P50, "marg
 
 
 # ------------------------------------------------------------------------------ the model server
-
-
-class Triton:
-    """A private local Triton on its own ports (the session stack's serves only anomaly v1)."""
-
-    def __init__(self, repository: Path, log: Path) -> None:
-        self.repository, self.log = repository, log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{HTTP_PORT}/v2/health/ready", timeout=1.0) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def start(self, tries: int = 3, timeout_s: float = 120.0) -> float:
-        started = time.monotonic()
-        for _ in range(tries):  # PyTriton's tritonserver sometimes dies while loading: start again
-            with self.log.open("ab") as out:
-                self.process = subprocess.Popen(
-                    [str(StackSettings().triton_python), "-m", "inference_workers.triton_server",
-                     "--model-repository", str(self.repository), "--host", HOST, "--http-port", str(HTTP_PORT),
-                     "--grpc-port", str(GRPC_PORT), "--metrics-port", str(METRICS_PORT)],
-                    cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-            while self.process.poll() is None and not self.ready():
-                if time.monotonic() - started > timeout_s:
-                    self.stop()
-                    pytest.fail(f"Triton not ready within {timeout_s:.0f}s:\n{self.log.read_text()[-3000:]}")
-                time.sleep(0.1)
-            if self.ready():
-                return time.monotonic() - started
-            time.sleep(2.0)
-        pytest.fail(f"Triton did not start in {tries} tries:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
 
 
 def softened(source: Path, target: Path, scale: float = 0.25) -> None:
@@ -182,16 +134,12 @@ class Models:
 def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Models]:
     root = tmp_path_factory.mktemp("canary-models")
     m = Models(root)
-    triton = Triton(m.repository, root / "triton.log")
+    triton = TritonProcess(m.repository, root / "triton.log")
     try:
         print(f"\nprivate Triton ready in {triton.start():.1f}s with anomaly versions {', '.join(VERSIONS)}")
         yield m
     finally:
         triton.stop()
-
-
-def own_triton(stack: StackSettings) -> StackSettings:
-    return stack.model_copy(update={"triton_grpc_port": GRPC_PORT})
 
 
 # ------------------------------------------------------------------------------ the pipeline

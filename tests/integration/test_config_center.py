@@ -50,7 +50,7 @@ def test_a_change_reaches_every_subscriber_within_a_second(stack: StackSettings,
                 s.wait_version(change.version, 5)
                 assert s.get("feature-switch", "degradation.level") == level
             worst.append(max(applied_at.values()) - started)
-        print(f"\nconfig propagation to 3 subscribers (publish → applied in all), 5 changes: "
+        print("\nconfig propagation to 3 subscribers (publish → applied in all), 5 changes: "
               + ", ".join(f"{w * 1000:.0f} ms" for w in worst))
         assert max(worst) < 1.0
         versions = {s.version for s in subscribers}

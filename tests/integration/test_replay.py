@@ -121,7 +121,7 @@ def test_backtest_is_isolated_deterministic_and_cleaned_up(stack, live):
 def test_backtest_of_two_versions_reports_the_difference_built_into_them(stack, live, tmp_path):
     """Version 1 against version 2, a model trained blind to overheating: the report shows it."""
     from inference_workers.train import train
-    from test_worker import GRPC_PORT, HTTP_PORT, METRICS_PORT, REPOSITORY, TritonProcess
+    from triton_helpers import REPOSITORY, TritonProcess, own_triton
 
     repo = tmp_path / "repo"
     (repo / "anomaly" / "1").mkdir(parents=True)
@@ -134,8 +134,7 @@ def test_backtest_of_two_versions_reports_the_difference_built_into_them(stack, 
     triton = TritonProcess(repo, tmp_path / "triton.log")
     triton.start()
     try:
-        own = stack.model_copy(update={"triton_http_port": HTTP_PORT, "triton_grpc_port": GRPC_PORT,
-                                       "triton_metrics_port": METRICS_PORT})
+        own = own_triton(stack)
         run = replay(own, live["path"], run_id=f"v{uuid.uuid4().hex[:6]}")
         try:
             v1, blind = backtest(own, run.run_id, ["1", "2"], console=Console(width=160, force_terminal=False))

@@ -1,7 +1,6 @@
 """docker-compose.yml cannot run here (no Docker engine): check it against the topology instead."""
 
 import re
-from pathlib import Path
 
 import yaml
 

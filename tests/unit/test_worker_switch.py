@@ -80,3 +80,39 @@ def test_ready_applies_a_waiting_switch_and_has_the_routed_versions_loaded(tmp_p
     assert worker.routing.plan.production == ModelTarget("anomaly", "2")
     assert ("retire", "anomaly", ["1"]) in worker.repository.calls
     assert version_of(worker, batch) == "2"
+
+
+class Verified:
+    """The registry watcher's digest check, passed (test_worker_registry.py runs the real one)."""
+
+    def verified_path(self, model, ref, repository):
+        return repository
+
+
+def test_the_previous_production_stays_loaded_so_a_rollback_is_a_routing_switch() -> None:
+    from streams.lifecycle.state import Routing, VersionRef
+
+    worker, fakes = make_worker()
+    worker.watcher = Verified()
+    fakes[ModelTarget("anomaly", "3")] = fakes[ModelTarget("anomaly", "2")]
+    ref = {v: VersionRef(version=v, sha256="0" * 64, artifact=f"anomaly/{v}/model.onnx", framework="onnx") for v in "123"}
+    batch = records(worker, [window("dev-1", 0)])
+    assert version_of(worker, batch) == "1"
+
+    worker.models.update(fakes)  # the worker's clients of each version (it closes those it stops routing)
+    worker._registry_routing = Routing(model="anomaly", production=ref["2"], standby=ref["1"])  # promote 2
+    assert version_of(worker, batch) == "2"
+    assert not any(c[0] == "retire" and "1" in c[2] for c in worker.repository.calls)  # 1 kept as standby
+    assert ("serve", "anomaly", ["1"]) in worker.repository.calls
+
+    worker.models.update(fakes)  # the worker's clients of each version (it closes those it stops routing)
+    worker._registry_routing = Routing(model="anomaly", production=ref["3"], standby=ref["2"])  # promote 3
+    assert version_of(worker, batch) == "3"
+    retired = [v for c in worker.repository.calls if c[0] == "retire" for v in c[2]]
+    assert "1" in retired and "2" not in retired  # the old standby goes, the new one stays
+
+    worker.repository.calls.clear()
+    worker.models.update(fakes)  # the worker's clients of each version (it closes those it stops routing)
+    worker._registry_routing = Routing(model="anomaly", production=ref["2"])  # rollback to 2
+    assert version_of(worker, batch) == "2"
+    assert worker.repository.calls[0] == ("serve", "anomaly", ["2"])  # already loaded: FakeRepository loads nothing
