@@ -193,10 +193,13 @@ def test_a_contract_mismatch_is_refused_at_start_with_a_clear_message(stack, tri
 
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
 def test_kill_9_mid_batch_loses_nothing(stack, triton, tmp_path, exactly_once):
-    kills_wanted = 5
+    kills_wanted = 10
     topology, path, prefix = worker_topology(tmp_path, stack, exactly_once=exactly_once, batch_size=32)
     source, out = f"{prefix}.features.device_window", f"{prefix}.predictions.anomaly"
-    sent = produce_windows(stack, source, 12_000)
+    # windows keep arriving (300/s for 50 s) while the worker is killed ten times
+    sent: list[tuple[str, int]] = []
+    feeder = threading.Thread(target=lambda: sent.extend(produce_windows(stack, source, 15_000, rate=300.0)))
+    feeder.start()
     env = {**os.environ, **stack_env(own_triton(stack)), "TANGRAM_TRITON_GRPC_PORT": str(GRPC_PORT),
            "TANGRAM_GROUP_INSTANCE_ID": "worker-0", "PYTHONUNBUFFERED": "1"}
     log = (tmp_path / "worker.log").open("ab")
@@ -207,25 +210,25 @@ def test_kill_9_mid_batch_loses_nothing(stack, triton, tmp_path, exactly_once):
 
     proc, kills, seen = start(), 0, 0
     try:
-        while kills < kills_wanted:
+        while kills < kills_wanted and feeder.is_alive():
             seen = wait_for_count(stack, out, 3, at_least=seen + 400, timeout_s=60)
-            if seen >= len(sent) - 1000:
-                break  # too close to the end to kill mid-stream
             os.killpg(proc.pid, signal.SIGKILL)  # no goodbye: no flush, no commit, a transaction left open
             proc.wait()
             kills += 1
             proc = start()
+        feeder.join()
         got = wait_scored(stack, out, sent)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
+        feeder.join()
     identities = [(device, start) for _, device, start in got]
     missing = set(sent) - set(identities)
     duplicates = len(identities) - len(set(identities))
     mode = "exactly-once" if exactly_once else "at-least-once"
     print(f"\nkill -9 x{kills} ({mode}): {len(sent)} windows, {len(set(identities))} scored, "
           f"{len(missing)} lost, {duplicates} duplicates (read_committed)")
-    assert kills >= 3
+    assert kills == kills_wanted, "the stream ended before the tenth kill"
     assert not missing
     if exactly_once:
         assert duplicates == 0
@@ -245,7 +248,7 @@ def test_triton_stopped_then_restarted_loses_nothing_and_never_rebalances(stack,
         assignments = runner.assignments
         triton.stop()
         stopped = time.monotonic()
-        time.sleep(12.0)  # down longer than max.poll.interval.ms
+        time.sleep(30.0)  # down for 30 s, far longer than max.poll.interval.ms
         restart_s = triton.start()
         print(f"\nTriton down {time.monotonic() - stopped:.1f}s (restart took {restart_s:.1f}s)")
         feeder.join()
@@ -257,7 +260,7 @@ def test_triton_stopped_then_restarted_loses_nothing_and_never_rebalances(stack,
           f"over {runner.backpressure_events} backpressure events; assignments {runner.assignments}")
     assert not set(sent) - got
     assert runner.assignments == assignments == 1, "the worker was rebalanced"
-    assert runner.backpressure_events >= 1 and runner.paused_s >= 10.0
+    assert runner.backpressure_events >= 1 and runner.paused_s >= 25.0
 
 
 def test_a_hanging_triton_hits_the_deadline_and_the_batch_is_retried(stack, triton, tmp_path):
