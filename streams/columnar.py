@@ -11,14 +11,15 @@ It covers the flat records that are the contracts between Tangram's stages: ``bo
 the bytes fastavro writes (tests compare them). It reads only what it can prove: a batch in
 which some value is not in the codec's own schema id, or does not decode exactly to its last
 byte, is not read here at all — :meth:`BatchCodec.decode` returns ``None`` and the caller falls
-back to the record-at-a-time codec, where every bad value gets its precise error.
+back to the record-at-a-time codec, where every bad value gets its precise error. Batches smaller
+than ``small_batch`` rows go the record-at-a-time way too: there numpy's per-call cost is the larger.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -146,8 +147,16 @@ class BatchCodec:
     batch must be read record by record.
     """
 
-    def __init__(self, schema: dict, header: bytes):
+    def __init__(self, schema: dict, header: bytes, *, small_batch: int = 0,
+                 record_writer: Callable[[dict], bytes] | None = None):
+        """``small_batch``: below this many rows numpy's per-call cost outweighs the per-record
+        codec, so ``encode`` writes row by row with ``record_writer`` and ``decode`` returns ``None``
+        (the caller reads one by one). 0: always a batch."""
+        if small_batch and record_writer is None:
+            raise ValueError("small_batch needs the record_writer that encodes small batches")
         self.header = header
+        self.small_batch = small_batch
+        self._record_writer = record_writer
         self.fields = [self._field(f) for f in schema["fields"]]
         self.can_decode = all(f.kind != "map" for f in self.fields)
         self._runs: list[list[_Field]] = []
@@ -188,6 +197,8 @@ class BatchCodec:
     def encode(self, columns: dict[str, Any], rows: int) -> list[bytes]:
         if rows == 0:
             return []
+        if rows < self.small_batch:
+            return [self._record_writer(self._row(columns, i)) for i in range(rows)]
         segments: list[tuple] = [_constant(self.header, rows)]
         for f in self.fields:
             column = columns[f.name]
@@ -207,6 +218,18 @@ class BatchCodec:
             kept = [v for v in column if v is not None]
             segments += [_expand(seg, present) for seg in self._encode_value(f, kept, len(kept))] if kept else []
         return _assemble(segments, rows)
+
+    def _row(self, columns: dict[str, Any], i: int) -> dict[str, Any]:
+        """Row ``i`` of ``columns`` as the record the per-record codec writes."""
+        row = {}
+        for f in self.fields:
+            value = columns[f.name]
+            if isinstance(value, MapColumn):
+                row[f.name] = dict(zip(value.keys, np.asarray(value.values[i], dtype=np.float64).tolist()))
+            else:
+                item = value[i]
+                row[f.name] = item.item() if isinstance(item, np.generic) else item
+        return row
 
     def _encode_value(self, f: _Field, column: Any, rows: int) -> list[tuple]:
         kind = f.kind
@@ -245,7 +268,7 @@ class BatchCodec:
     def decode(self, values: Sequence[bytes | None]) -> dict[str, Any] | None:
         """The columns of ``values``, or ``None`` when they must be read one by one (see the module doc)."""
         rows = len(values)
-        if not self.can_decode or rows == 0 or any(v is None for v in values):
+        if not self.can_decode or rows == 0 or rows < self.small_batch or None in values:
             return None
         sizes = np.fromiter(map(len, values), dtype=np.int64, count=rows)
         blob = b"".join(values)

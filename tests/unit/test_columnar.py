@@ -149,3 +149,26 @@ def test_unsupported_schemas_are_said_so():
     assert not BatchCodec.supports(nested)
     assert BatchCodec.supports(SCHEMA)
     assert BatchCodec(load_schema("pm.predictions.anomaly-value"), HEADER).can_decode is False  # maps: encode only
+
+
+def test_small_batches_go_record_by_record_with_the_same_bytes():
+    schema = load_schema("pm.predictions.anomaly-value")
+    writer = lambda record: fastavro_bytes(schema, record)  # noqa: E731 - the per-record codec
+    small = BatchCodec(schema, HEADER, small_batch=32, record_writer=writer)
+    big = BatchCodec(schema, HEADER)
+    n = 5
+    p = np.random.default_rng(9).random((n, 3)).astype(np.float32)
+    classes = ("healthy", "bearing_wear", "overheating")
+    cols = {"event_id": [f"e{i}" for i in range(n)], "device_id": [f"d{i}" for i in range(n)],
+            "window_start": np.arange(n, dtype=np.int64), "window_end": np.arange(n, dtype=np.int64) + 5000,
+            "score": 1.0 - p[:, 0], "label": ["healthy"] * n, "confidence": p.max(axis=1),
+            "probabilities": MapColumn(classes, p), "model_name": ["anomaly"] * n, "model_version": ["1"] * n,
+            "inference_ms": np.full(n, 0.5), "trace_id": ["t" * 32] * n}
+    assert small.encode(cols, n) == big.encode(cols, n)
+    records = rows(40, seed=2)
+    values = [fastavro_bytes(SCHEMA, r) for r in records]
+    reader = BatchCodec(SCHEMA, HEADER, small_batch=32, record_writer=lambda r: fastavro_bytes(SCHEMA, r))
+    assert reader.decode(values[:31]) is None  # the caller reads these one by one
+    assert reader.decode(values) is not None
+    with pytest.raises(ValueError):
+        BatchCodec(SCHEMA, HEADER, small_batch=8)
