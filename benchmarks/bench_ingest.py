@@ -37,11 +37,12 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import yaml
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from baselines import raw_copy_seconds  # noqa: E402
 from streams.plan import apply  # noqa: E402
 from streams.run import make_runner  # noqa: E402
 from streams.settings import StackSettings  # noqa: E402
@@ -91,28 +92,9 @@ def fill(stack: StackSettings, topic: str, n: int) -> None:
     assert producer.flush(60) == 0
 
 
-def raw_loop(stack: StackSettings, source: str, sink: str, n: int, batch: int = 500) -> float:
-    """consume → produce unchanged → flush (acks) → commit (async); records/s from the first record consumed."""
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"raw-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
-    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 5, "compression.type": "lz4"})
-    consumer.subscribe([source])
-    done, started = 0, None
-    try:
-        while done < n:
-            messages = [m for m in consumer.consume(batch, 0.1) if not m.error()]
-            if not messages:
-                continue
-            started = started or time.perf_counter()
-            for m in messages:
-                producer.produce(sink, m.value(), m.key(), headers=m.headers())
-            assert producer.flush(30) == 0
-            consumer.commit(asynchronous=True)  # after the acks, like the delivery loop
-            done += len(messages)
-        return n / (time.perf_counter() - started)
-    finally:
-        consumer.close()
+def raw_loop(stack: StackSettings, source: str, sink: str, n: int) -> float:
+    """The raw consume → produce → acks → commit loop (``baselines.py``) over the same records, in records/s."""
+    return n / raw_copy_seconds(stack, source, sink, n)
 
 
 def validation_path(stack: StackSettings, topology_path: Path, n: int) -> float:

@@ -26,6 +26,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 
+from baselines import raw_copy_seconds  # noqa: E402
 from streams.avro import codec  # noqa: E402
 from streams.delivery import Runner, RunnerConfig  # noqa: E402
 from streams.plan import apply  # noqa: E402
@@ -40,30 +41,6 @@ from rules_helpers import prediction  # noqa: E402
 def committed(probe: Consumer, topic: str, partitions: int) -> int:
     """Records of ``topic`` the probe's group has committed."""
     return sum(max(tp.offset, 0) for tp in probe.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10))
-
-
-def raw_loop(stack: StackSettings, source: str, sink: str, total: int) -> float:
-    """Consume → produce unchanged → flush → commit, batches of 500; returns seconds for ``total`` records."""
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"bench-raw-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         "isolation.level": "read_committed"})
-    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 5, "compression.type": "lz4"})
-    consumer.subscribe([source])
-    seen, started = 0, None
-    while seen < total:
-        batch = [m for m in consumer.consume(500, 0.1) if m.error() is None]
-        if not batch:
-            continue
-        started = started or time.perf_counter()
-        for m in batch:
-            producer.produce(sink, m.value(), m.key(), headers=m.headers())
-        assert producer.flush(30) == 0
-        consumer.commit(asynchronous=True)  # after the acks, like the delivery loop
-        seen += len(batch)
-    elapsed = time.perf_counter() - started
-    consumer.close()
-    return elapsed
 
 
 def rule_processor(stack: StackSettings, topology, total: int) -> tuple[float, int]:
@@ -121,7 +98,7 @@ def main() -> None:
                     producer.poll(0.1)
         assert producer.flush(60) == 0
         print(f"{args.records:,} predictions of {args.devices} devices on {source}")
-        raw_s = raw_loop(stack, source, f"{prefix}.actions.review", args.records)
+        raw_s = raw_copy_seconds(stack, source, f"{prefix}.actions.review", args.records)
         rules_s, timed = rule_processor(stack, topology, args.records)
         raw_rate, rules_rate = args.records / raw_s, timed / rules_s
         print(f"raw consume→produce loop : {raw_rate:10,.0f} events/s ({raw_s:.2f} s)")

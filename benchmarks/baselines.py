@@ -1,0 +1,42 @@
+"""The raw confluent-kafka loop the stage benchmarks compare against.
+
+Consume a batch, produce it unchanged, wait for the broker's acknowledgements, commit
+asynchronously: the delivery loop's guarantee (at-least-once, offsets after the acks) with no
+work in between. The clock starts at the first record consumed, so the group join is not
+timed; runs must be long, though, because the consumer prefetches up to 64 MB while it joins
+(see ``bench_ingest.py``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from confluent_kafka import Consumer, Producer
+
+from streams.settings import StackSettings
+
+
+def raw_copy_seconds(stack: StackSettings, source: str, sink: str, n: int, batch: int = 500) -> float:
+    """Seconds to copy ``n`` records from ``source`` to ``sink`` (from the first record consumed)."""
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"bench-raw-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         "isolation.level": "read_committed"})
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 5, "compression.type": "lz4"})
+    consumer.subscribe([source])
+    done, started = 0, None
+    try:
+        while done < n:
+            messages = [m for m in consumer.consume(batch, 0.1) if m.error() is None]
+            if not messages:
+                continue
+            started = started or time.perf_counter()
+            for m in messages:
+                producer.produce(sink, m.value(), m.key(), headers=m.headers())
+            assert producer.flush(30) == 0, "raw loop: outputs not acknowledged"
+            consumer.commit(asynchronous=True)  # after the acks, like the delivery loop
+            done += len(messages)
+        return time.perf_counter() - started
+    finally:
+        consumer.close()
