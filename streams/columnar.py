@@ -154,6 +154,8 @@ class BatchCodec:
         (the caller reads one by one). 0: always a batch."""
         if small_batch and record_writer is None:
             raise ValueError("small_batch needs the record_writer that encodes small batches")
+        if not isinstance(schema, dict) or schema.get("type") != "record" or not isinstance(schema.get("fields"), list):
+            raise ValueError("the batch codec reads and writes records")
         self.header = header
         self.small_batch = small_batch
         self._record_writer = record_writer
@@ -189,7 +191,7 @@ class BatchCodec:
     def supports(cls, schema: dict) -> bool:
         try:
             cls(schema, b"")
-        except (ValueError, KeyError, TypeError):
+        except ValueError:
             return False
         return True
 

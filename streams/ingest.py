@@ -238,7 +238,9 @@ class Validator:
         self._checks = checks if all(checks.values()) else None  # None: a richer contract, fastavro validates
         allowed = {f["name"]: _allowed_types(f["type"]) for f in schema["fields"]}
         self._allowed = allowed if all(allowed.values()) else None  # the batch path's type check
-        self._longs = tuple(f["name"] for f in schema["fields"] if _base_type(f["type"]) in ("int", "long"))
+        #: integer fields and the Avro range of each (int: 32 bits, long: 64 bits), for the batch path
+        self._int_ranges = {f["name"]: _INT32 if _base_type(f["type"]) == "int" else _INT64
+                            for f in schema["fields"] if _base_type(f["type"]) in ("int", "long")}
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._latest_ts: OrderedDict[str, int] = OrderedDict()
         limits = settings.rate_limits
@@ -485,12 +487,9 @@ class Validator:
             if not allowed.issuperset(map(type, columns[name])):
                 return None
         try:
-            for name in self._longs:
+            for name, bound in self._int_ranges.items():
                 present = [v for v in columns[name] if v is not None]
-                if present and not (-_INT64 <= min(present) and max(present) < _INT64):
-                    return None
-                if present and _base_type(self.fields[name]["type"]) == "int" and not (
-                        -_INT32 <= min(present) and max(present) < _INT32):
+                if present and not (-bound <= min(present) and max(present) < bound):
                     return None
             for name, (lo, hi) in s.ranges.items():
                 if name in columns:
