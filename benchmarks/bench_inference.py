@@ -8,11 +8,17 @@ For each batch size of the sweep, the same feature rows go through three paths:
 2. **triton**: the same matrices sent to the same Triton with tritonclient's gRPC client, one call
    per batch, one after the other (what the worker does for its Triton call, without Kafka);
 3. **onnxruntime**: the same matrices through an onnxruntime session of the same ONNX file, in
-   this process (no server at all).
+   this process (no server at all);
+4. **kafka**: the same records copied by the raw confluent-kafka loop (consume, produce unchanged,
+   acks, commit; ``baselines.raw_copy_seconds``) at the same batch size: what Kafka alone allows
+   on this machine, with no decoding, no model and no encoding.
 
-It prints rows/s for each path, the worker's ratio to both baselines, and per-batch latency p50/p99
-(worker: from ``process()`` being called to the broker acknowledging the batch's predictions;
-triton and onnxruntime: one call). It needs a running stack (``tangram up``; every address comes
+The worker is pipelined: the Triton call of one batch is in flight while the batch before is
+encoded, produced and acknowledged and the batch after is fetched and decoded (one batch's call at a
+time, like the direct client), so its ceiling is the slower of Triton and Kafka. It prints rows/s for
+each path, the worker's ratio to Triton, to onnxruntime and to that ceiling (the lower of the
+triton and kafka rates), and per-batch latency p50/p99 (worker: from ``submit()`` to the broker
+acknowledging the batch's predictions; triton and onnxruntime: one call). It needs a running stack (``tangram up``; every address comes
 from the ``TANGRAM_*`` settings) and creates its own topics. Not a test: figures, not assertions::
 
     .venv/bin/python benchmarks/bench_inference.py --sizes 1,16,64,256,1024
@@ -21,11 +27,13 @@ from the ``TANGRAM_*`` settings) and creates its own topics. Not a test: figures
 from __future__ import annotations
 
 import argparse
+import collections
 import math
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,9 +44,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from inference_workers.worker import InferenceSettings, InferenceWorker  # noqa: E402
 from streams.avro import codec  # noqa: E402
+from baselines import raw_copy_seconds  # noqa: E402
 from streams.delivery import Output, Processor, Record, Runner, RunnerConfig  # noqa: E402
 from streams.features import FEATURE_NAMES  # noqa: E402
 from streams.settings import StackSettings  # noqa: E402
@@ -62,7 +72,9 @@ class Result:
 
 
 class Timed(Processor):
-    """Wraps the worker: times each batch from process() to flush() (outputs acknowledged); stops at ``rows``."""
+    """Wraps the worker: times each batch from submit() to flush() (outputs acknowledged); stops at ``rows``."""
+
+    pipelined = True
 
     def __init__(self, inner: InferenceWorker, rows: int):
         self.inner, self.rows, self.name = inner, rows, inner.name
@@ -70,22 +82,31 @@ class Timed(Processor):
         self.first_started: float | None = None
         self.last_flushed = 0.0
         self.latencies: list[float] = []
-        self._started = 0.0
+        self._started: collections.deque[float] = collections.deque()
         self.runner: Runner | None = None
 
     def setup(self) -> None:
         self.inner.setup()
 
     def process(self, batch: list[Record]) -> list[Output]:
-        self._started = time.perf_counter()
+        return self.submit(batch)()
+
+    def submit(self, batch: list[Record]) -> Callable[[], list[Output]]:
+        started = time.perf_counter()
         if self.first_started is None:
-            self.first_started = self._started
-        self.done += len(batch)
-        return self.inner.process(batch)
+            self.first_started = started
+        finish = self.inner.submit(batch)
+
+        def timed() -> list[Output]:
+            outputs = finish()  # raises BackpressureError before the batch counts
+            self._started.append(started)
+            self.done += len(batch)
+            return outputs
+        return timed
 
     def flush(self) -> None:
         self.last_flushed = time.perf_counter()
-        self.latencies.append(self.last_flushed - self._started)
+        self.latencies.append(self.last_flushed - self._started.popleft())
         if self.done >= self.rows and self.runner is not None:
             self.runner.stop()
 
@@ -192,7 +213,7 @@ def run_onnxruntime(model_path: Path, batches: list[np.ndarray]) -> Result:
 
 def create_topics(stack: StackSettings, prefix: str) -> dict[str, str]:
     topics = {"in": f"{prefix}.features.device_window", "out": f"{prefix}.predictions.anomaly",
-              "dlq": f"{prefix}.dlq.inference"}
+              "dlq": f"{prefix}.dlq.inference", "raw": f"{prefix}.raw_copy"}
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     for future in admin.create_topics([NewTopic(t, num_partitions=3, replication_factor=1)
                                        for t in topics.values()], operation_timeout=30).values():
@@ -235,22 +256,27 @@ def main(argv: list[str] | None = None) -> int:
         worker = run_worker(stack, own, size, rows, args.model, args.version)
         triton = run_triton(stack, batches, args.model, args.version)
         onnx = run_onnxruntime(model_path, batches)
-        results.append((size, rows, worker, triton, onnx))
+        kafka = Result(rows, raw_copy_seconds(stack, own["in"], own["raw"], rows, batch=size), [])
+        results.append((size, rows, worker, triton, onnx, kafka))
         print(f"  batch {size:>5}: {rows} rows done", flush=True)
 
-    header = (f"{'batch':>6} {'rows':>6} | {'worker rows/s':>13} {'triton rows/s':>13} {'ort rows/s':>11} | "
-              f"{'w/triton':>8} {'w/ort':>7} | {'worker p50/p99 ms':>18} {'triton p50/p99 ms':>18} {'ort p50/p99 ms':>15}")
+    header = (f"{'batch':>6} {'rows':>6} | {'worker rows/s':>13} {'triton rows/s':>13} {'kafka rows/s':>12} "
+              f"{'ort rows/s':>11} | {'w/triton':>8} {'w/ceiling':>9} {'w/ort':>6} | "
+              f"{'worker p50/p99 ms':>17} {'triton p50/p99 ms':>17} {'ort p50/p99 ms':>15}")
     print()
     print(header)
     print("-" * len(header))
-    for size, rows, worker, triton, onnx in results:
-        print(f"{size:>6} {rows:>6} | {worker.rows_per_s:>13,.0f} {triton.rows_per_s:>13,.0f} {onnx.rows_per_s:>11,.0f} | "
-              f"{worker.rows_per_s / triton.rows_per_s:>8.2f} {worker.rows_per_s / onnx.rows_per_s:>7.3f} | "
-              f"{worker.percentile(50):>8.2f}/{worker.percentile(99):>8.2f} "
-              f"{triton.percentile(50):>8.2f}/{triton.percentile(99):>8.2f} "
+    for size, rows, worker, triton, onnx, kafka in results:
+        ceiling = min(triton.rows_per_s, kafka.rows_per_s)
+        print(f"{size:>6} {rows:>6} | {worker.rows_per_s:>13,.0f} {triton.rows_per_s:>13,.0f} {kafka.rows_per_s:>12,.0f} "
+              f"{onnx.rows_per_s:>11,.0f} | {worker.rows_per_s / triton.rows_per_s:>8.2f} "
+              f"{worker.rows_per_s / ceiling:>9.2f} {worker.rows_per_s / onnx.rows_per_s:>6.3f} | "
+              f"{worker.percentile(50):>7.2f}/{worker.percentile(99):>8.2f} "
+              f"{triton.percentile(50):>7.2f}/{triton.percentile(99):>8.2f} "
               f"{onnx.percentile(50):>6.3f}/{onnx.percentile(99):>7.3f}")
-    print("\nworker: consume + decode + Triton + encode + produce + broker acks + commit (at-least-once), "
-          "one batch at a time; its latency runs from process() to the acks (the commit follows).")
+    print("\nworker: consume + decode + Triton + encode + produce + broker acks + commit (at-least-once), pipelined; "
+          "kafka: the raw consume → produce → acks → commit loop over the same records; "
+          "ceiling: the lower of the triton and kafka rates.")
     return 0
 
 

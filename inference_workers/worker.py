@@ -25,11 +25,15 @@ longer routed. A replica still calling an unloaded version gets "unavailable": b
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import functools
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 from prometheus_client import Counter, Histogram
@@ -68,6 +72,7 @@ from streams.lifecycle import MODELS_TOPIC, ModelRegistryWatcher
 from streams.lifecycle.state import Routing
 
 log = logging.getLogger("tangram.inference")
+T = TypeVar("T")
 
 TRITON_SECONDS = Histogram(
     "tangram_inference_triton_duration_seconds", "Triton round trip of one call.", ["model", "version"],
@@ -150,6 +155,7 @@ class InferenceWorker(Processor):
     """``DeviceWindow`` (Avro) → ``AnomalyPrediction`` (Avro) through Triton."""
 
     name = "inference"
+    pipelined = True  # a batch's Triton calls overlap the delivery of the batch before
 
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
                  triton_url: str, settings: InferenceSettings, shadow_topic: str | None = None,
@@ -182,7 +188,13 @@ class InferenceWorker(Processor):
         self.config: ConfigSubscriber | None = None
         self.models: dict[ModelTarget, TritonModel] = {}
         self.row_failures: dict[tuple[str, int, int], int] = {}
+        # Triton calls run on an event loop of their own thread, so that a batch's calls are in flight while
+        # the delivery loop waits for the acks of the batch before (``pipelined``).
         self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self.loop.run_forever, name=f"{self.name}-triton", daemon=True)
+        self._loop_thread.start()
+        self._triton_turn = asyncio.Lock()
+        self._in_flight: concurrent.futures.Future | None = None  # the Triton calls of the newest batch submitted
 
     @classmethod
     def build(cls, ctx: BuildContext) -> "InferenceWorker":
@@ -219,9 +231,9 @@ class InferenceWorker(Processor):
         plan = self.routing.plan
         if plan.shadow and not self.shadow_topic:
             raise TopologyError(f"processor {self.name!r}: shadow routing needs `shadow_topic` in its params")
-        self.loop.run_until_complete(self._serve(plan.targets))
+        self._run(self._serve(plan.targets))
         for target in plan.targets:
-            self.loop.run_until_complete(self._model(target))
+            self._run(self._model(target))
         log.info("%s routing: %s", self.name, plan.describe())
 
     async def _model(self, target: ModelTarget) -> TritonModel:
@@ -281,8 +293,8 @@ class InferenceWorker(Processor):
         """Switch to new routing (registry or routing file) between two batches: load the new, switch, unload the old.
 
         Triton loads the versions the new routing needs that it does not serve (explicit model
-        control), they pass the contract check, the routing switches (this worker has no batch in
-        flight), then Triton unloads the versions no longer routed. A change Triton refuses is
+        control), they pass the contract check, the calls of the batch submitted before are drained,
+        the routing switches, then Triton unloads the versions no longer routed. A change Triton refuses is
         logged and the current routing stays; one it cannot take now (down, past a deadline) is
         retried at the next refresh.
         """
@@ -304,13 +316,15 @@ class InferenceWorker(Processor):
             settings, self._pending = self._pending, None
         if settings is None:
             return
+        if self._in_flight is not None:  # drain: the batch submitted before has its answers before anything unloads
+            concurrent.futures.wait([self._in_flight])
         try:
             plan = self.routing.candidate(settings)
             if plan.shadow and not self.shadow_topic:
                 raise TopologyError("shadow routing needs `shadow_topic` in the processor's params")
-            self.loop.run_until_complete(self._serve(plan.targets))
+            self._run(self._serve(plan.targets))
             for target in plan.targets:
-                self.loop.run_until_complete(self._model(target))
+                self._run(self._model(target))
         except InferenceUnavailableError as exc:
             self._pending = settings
             log.warning("%s: routing change waits for Triton, keeping %s: %s", self.name, self.routing.plan.describe(), exc)
@@ -320,13 +334,13 @@ class InferenceWorker(Processor):
             return
         previous = self.routing.switch(plan)
         for target in [t for t in self.models if t not in plan.targets]:
-            self.loop.run_until_complete(self.models.pop(target).close())
+            self._run(self.models.pop(target).close())
         stale, self._stale_standby = self._stale_standby, set()
         if dropped := [t for t in {*previous.targets, *stale} if t not in plan.targets and t not in self._standby]:
-            self.loop.run_until_complete(self._retire(dropped))
+            self._run(self._retire(dropped))
         if standby := [t for t in self._standby if t not in plan.targets]:
             try:
-                self.loop.run_until_complete(self._serve(standby))
+                self._run(self._serve(standby))
             except InferenceError as exc:  # only a faster rollback is at stake
                 log.warning("%s: standby %s not loaded: %s", self.name, ", ".join(map(str, standby)), exc)
 
@@ -360,7 +374,7 @@ class InferenceWorker(Processor):
                 return False
             return all(await asyncio.gather(*(m.is_ready() for m in models)))
 
-        return self.loop.run_until_complete(probe())
+        return self._run(probe())
 
     def idle(self) -> list[Output]:
         self._refresh_routing()
@@ -372,18 +386,28 @@ class InferenceWorker(Processor):
         if self.config is not None:
             self.config.stop()
         for model in self.models.values():
-            self.loop.run_until_complete(model.close())
+            self._run(model.close())
         self.models.clear()
-        self.loop.run_until_complete(self.repository.close())
+        self._run(self.repository.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(10)
         self.loop.close()
+
+    def _run(self, call: Coroutine[Any, Any, T]) -> T:
+        """Run ``call`` on the worker's event loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(call, self.loop).result()
 
     # -- the work ----------------------------------------------------------------------
     def process(self, batch: list[Record]) -> list[Output]:
+        return self.submit(batch)()
+
+    def submit(self, batch: list[Record]) -> Callable[[], list[Output]]:
+        """Decode ``batch`` and send its Triton calls; what this returns waits for them and builds the predictions."""
         self._refresh_routing()
         outputs: list[Output] = []
         records, windows = self._windows(batch, outputs)
         if windows is None:
-            return outputs
+            return lambda: outputs
         finite = np.isfinite(windows.matrix).all(axis=1)
         if not finite.all():
             outputs.extend(dead_letter(records[i], self.dlq_topic, self.name, "non-finite feature value", "bad_features")
@@ -391,16 +415,24 @@ class InferenceWorker(Processor):
             keep = np.flatnonzero(finite)
             records, windows = [records[i] for i in keep], windows.take(keep)
             if not records:
-                return outputs
+                return lambda: outputs
         QUEUE_WAIT.labels(self.name).observe(max(0.0, time.time() - min(r.timestamp_ms for r in records) / 1000))
-        plan = self._effective_plan()
-        groups = self._groups(plan, windows.device_ids)
+        groups = self._groups(self._effective_plan(), windows.device_ids)
         matrix = windows.matrix
 
         async def score_all() -> list:
-            return await asyncio.gather(*(self._score(g.target, matrix[g.rows]) for g in groups), return_exceptions=True)
+            async with self._triton_turn:  # one batch's calls at a time, in order: the next goes out as these answer
+                return await asyncio.gather(*(self._score(g.target, matrix[g.rows]) for g in groups),
+                                            return_exceptions=True)
 
-        results = self.loop.run_until_complete(score_all())
+        calls = self._in_flight = asyncio.run_coroutine_threadsafe(score_all(), self.loop)
+        return functools.partial(self._finish, records, windows, groups, calls, outputs)
+
+    def _finish(self, records: list[Record], windows: _Windows, groups: list[_Group],
+                calls: concurrent.futures.Future, outputs: list[Output]) -> list[Output]:
+        """The batch's predictions (and dead letters) once its Triton calls answered; BackpressureError when
+        Triton is unavailable or refused rows that have tries left."""
+        results = calls.result()
         refused: list[tuple[int, InferenceError]] = []
         scored: list[tuple[_Group, np.ndarray, dict[int, InferenceError], float]] = []
         for group, result in zip(groups, results):

@@ -14,6 +14,15 @@ Exactly-once (``exactly_once: true`` in the topology)
     the outputs and the consumed offsets go in one Kafka transaction
     (``send_offsets_to_transaction``); readers use ``read_committed``.
 
+Pipelining (processors that wait on a service, such as the inference worker)
+    a processor with ``pipelined = True`` starts a batch in ``submit`` (its
+    Triton call goes out) and the loop waits for the previous batch's acks and
+    commits it meanwhile, then finishes the new batch and produces its outputs.
+    Same guarantee: one batch at most is produced and not yet acknowledged,
+    offsets are committed in order after their own outputs' acks, and in
+    exactly-once mode the batch's transaction is committed before the next one
+    begins (and before partitions are revoked).
+
 A record that cannot be processed is never dropped and never blocks its
 partition: the processor turns it into a dead letter (``dead_letter``) carrying
 the original bytes and the reason in its headers, delivered like any output.
@@ -33,8 +42,10 @@ Backpressure
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import hashlib
+import itertools
 import logging
 import os
 import signal
@@ -44,7 +55,7 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterable, Mapping, NamedTuple
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
@@ -78,6 +89,11 @@ BACKPRESSURE = Counter(
 )
 PAUSED_SECONDS = Counter(
     "tangram_processor_paused_seconds_total", "Time spent with every partition paused (backpressure).", ["processor"]
+)
+TRANSACTIONS_ABORTED = Counter(
+    "tangram_processor_transactions_aborted_total",
+    "Exactly-once batches whose transaction was aborted (the group moved on); their records are read again.",
+    ["processor"],
 )
 PAUSED = Gauge("tangram_processor_paused", "1 while the processor's partitions are paused (backpressure).", ["processor"])
 
@@ -179,6 +195,8 @@ class Processor(ABC):
     """User logic of one stage. Implementations are plain classes; this loop owns Kafka."""
 
     name: str = "processor"
+    #: ``submit`` starts work that runs while the loop delivers the batch before (see the module's doc).
+    pipelined: bool = False
 
     def setup(self) -> None:
         """Open connections (Triton, Redis). Called once before the first batch."""
@@ -186,6 +204,14 @@ class Processor(ABC):
     @abstractmethod
     def process(self, batch: list[Record]) -> list[Output]:
         """Turn a micro-batch into outputs (dead letters included). Must not raise for bad records."""
+
+    def submit(self, batch: list[Record]) -> Callable[[], list[Output]]:
+        """Start work on ``batch``; the loop calls what this returns for its outputs (raising like ``process``).
+
+        A ``pipelined`` processor starts here what waits on a service, so that the wait overlaps the
+        delivery of the batch before. The default defers ``process`` to that call.
+        """
+        return functools.partial(self.process, batch)
 
     def flush(self) -> None:
         """Make side effects outside Kafka durable. Called after outputs are acknowledged, before the commit."""
@@ -207,6 +233,23 @@ class Processor(ABC):
 
     def close(self) -> None:
         """Release connections."""
+
+
+class _Submitted(NamedTuple):
+    """A batch handed to ``Processor.submit``: nothing of it is produced yet."""
+
+    records: list[Record]
+    finish: Callable[[], list[Output]]
+    started: float  # perf_counter() when it was submitted
+
+
+class _Sent(NamedTuple):
+    """A batch whose outputs are produced: its acks, side effects and commit are outstanding."""
+
+    outputs: list[Output]
+    offsets: list[TopicPartition]
+    records: list[Record]
+    started: float  # perf_counter() when the batch was submitted
 
 
 @dataclass(frozen=True)
@@ -277,6 +320,10 @@ class Runner:
                                                        producer_conf["transaction.timeout.ms"])
         self.producer = Producer(producer_conf)
         self._failures: list[str] = []
+        self._submitted: collections.deque[_Submitted] = collections.deque()  # submitted, outputs not produced yet
+        self._pending: _Sent | None = None  # a pipelined processor's batch: produced, acks and commit outstanding
+        self._rewound: dict[tuple[str, int], int] = {}  # partitions sought back in a rebalance callback
+        self._in_callback = False
         self._acked: dict[str, int] = {}
         self._backoff_s = config.backoff_initial_s
         #: Partition assignments received (one per rebalance this member took part in).
@@ -305,33 +352,59 @@ class Runner:
                                 on_lost=self._on_revoke)
         self.log.info("%s consuming %s as group %s (%s)", self.processor.name, ",".join(cfg.inputs), cfg.group_id,
                       "exactly-once" if cfg.exactly_once else "at-least-once")
+        pipelined = self.processor.pipelined
         batches = 0
         try:
             while not self._stop.is_set() and (max_batches is None or batches < max_batches):
-                messages = self.consumer.consume(cfg.batch_size, cfg.max_wait_ms / 1000)
+                busy = self._pending is not None or bool(self._submitted)
+                # While batches are in flight, take only what is fetched already: never wait with work at hand.
+                messages = self.consumer.consume(cfg.batch_size, 0 if busy else cfg.max_wait_ms / 1000)
                 records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
                                   dict(h) if (h := m.headers()) else {}, m.timestamp()[1])
                            for m in messages if m.error() is None or self._usable(m)]  # Record.from_message, inlined
-                if not records:
+                if not records and not busy:
                     if outputs := self.processor.idle():
-                        self._deliver(outputs, offsets=[])
+                        self._complete(self._send(outputs, [], []))
                     continue
-                started = time.perf_counter()
+                if self._rewound:  # sought back inside this consume (a revocation): what it brought is read again
+                    rewound, self._rewound = self._rewound, {}
+                    records = [r for r in records if (r.topic, r.partition) not in rewound]
+                    self._rewind(rewound)
+                if records:
+                    started = time.perf_counter()
+                    try:  # a pipelined processor's service call goes out now
+                        finish = self.processor.submit(records)
+                    except BackpressureError as exc:
+                        self._put_back(records, exc)
+                        continue
+                    self._submitted.append(_Submitted(records, finish, started))
+                if self._pending is not None:
+                    self._complete_pending()  # the batch before: acks, side effects, commit
+                if not self._submitted or (pipelined and records and len(self._submitted) < 2):
+                    continue  # a pipelined processor keeps one batch submitted while the next is fetched
+                batch = self._submitted.popleft()
                 try:
-                    outputs = self.processor.process(records)
+                    outputs = batch.finish()
                 except BackpressureError as exc:
-                    self._back_off(records, exc)
+                    self._put_back(batch.records, exc)
                     continue
                 self._backoff_s = cfg.backoff_initial_s
-                RECORDS_IN.labels(self.processor.name).inc(len(records))
-                self._deliver(outputs, offsets=self._positions(records))
-                BATCH_SECONDS.labels(self.processor.name).observe(time.perf_counter() - started)
-                self._observe_latency(records)
+                RECORDS_IN.labels(self.processor.name).inc(len(batch.records))
+                sent = self._send(outputs, self._positions(batch.records), batch.records, batch.started)
+                if pipelined:
+                    self._pending = sent
+                else:
+                    self._complete(sent)
                 batches += 1
         finally:
             self.close()
 
     def close(self) -> None:
+        try:
+            if self._pending is not None:
+                self._complete_pending()
+        except (DeliveryError, KafkaException) as exc:
+            self.log.warning("the last batch was not committed, it will be read again: %s", exc)
         try:
             self.processor.close()
         finally:
@@ -356,6 +429,30 @@ class Runner:
             self.log.warning("offset commit failed (records will be read again): %s", err.str())
 
     # -- backpressure ------------------------------------------------------------------
+    def _put_back(self, records: list[Record], reason: BackpressureError) -> None:
+        """Backpressure: the batch produced before is completed, ``records`` and every batch submitted
+        after them are put back (their results, if any, are dropped: nothing of them was produced)."""
+        if self._pending is not None:
+            self._complete_pending()
+        later = [r for batch in self._submitted for r in batch.records]
+        self._submitted.clear()
+        self._back_off([*records, *later], reason)
+
+    def _drop_in_flight(self, records: list[Record], revoked: frozenset | set = frozenset(),
+                        in_callback: bool = False) -> None:
+        """Read ``records`` and every batch submitted and not produced again: seek their partitions (those not
+        ``revoked``) back to the first of them. Inside a rebalance callback the consume call that runs it
+        may bring records fetched before the seek: the loop drops those and seeks again."""
+        first: dict[tuple[str, int], int] = {}
+        for r in itertools.chain(records, *(batch.records for batch in self._submitted)):
+            first[(r.topic, r.partition)] = min(first.get((r.topic, r.partition), r.offset), r.offset)
+        self._submitted.clear()
+        kept = {tp: offset for tp, offset in first.items() if tp not in revoked}
+        self._rewind(kept)
+        if in_callback:
+            for tp, offset in kept.items():
+                self._rewound[tp] = min(self._rewound.get(tp, offset), offset)
+
     def _back_off(self, records: list[Record], reason: BackpressureError) -> None:
         """Put ``records`` back, pause, poll while backing off until the processor is ready, resume.
 
@@ -426,10 +523,10 @@ class Runner:
             self.consumer.seek(TopicPartition(topic, partition, offset))
 
     # -- the guarantee ---------------------------------------------------------------
-    def _deliver(self, outputs: list[Output], offsets: list[TopicPartition]) -> None:
-        """Produce ``outputs``, wait for every ack, run side effects, then commit ``offsets``."""
-        transactional = self.config.exactly_once
-        if transactional:
+    def _send(self, outputs: list[Output], offsets: list[TopicPartition], records: list[Record],
+              started: float = 0.0) -> "_Sent":
+        """Produce ``outputs`` (in a new transaction in exactly-once mode); :meth:`_complete` finishes the batch."""
+        if self.config.exactly_once:
             self.producer.begin_transaction()
         self._failures.clear()
         produce = self.producer.produce
@@ -438,6 +535,16 @@ class Runner:
                 produce(out.topic, out.value, out.key, headers=out.headers or None)
             except (BufferError, TypeError):
                 self._produce(out)
+        return _Sent(outputs, offsets, records, started)
+
+    def _complete_pending(self) -> None:
+        sent, self._pending = self._pending, None
+        self._complete(sent)
+
+    def _complete(self, sent: "_Sent") -> None:
+        """Wait for every ack of the batch's outputs, run side effects, then commit its offsets."""
+        transactional = self.config.exactly_once
+        outputs, offsets = sent.outputs, sent.offsets
         remaining = self.producer.flush(self.config.delivery_timeout_s)
         if remaining or self._failures:
             if transactional:
@@ -446,11 +553,23 @@ class Runner:
             raise DeliveryError(f"{self.processor.name}: outputs not delivered, offsets not committed: {detail}")
         self.processor.flush()
         if transactional:
-            if offsets:
-                self.producer.send_offsets_to_transaction(
-                    offsets, self.consumer.consumer_group_metadata(), self.config.delivery_timeout_s
-                )
-            self.producer.commit_transaction(self.config.delivery_timeout_s)
+            try:
+                if offsets:
+                    self.producer.send_offsets_to_transaction(
+                        offsets, self.consumer.consumer_group_metadata(), self.config.delivery_timeout_s
+                    )
+                self.producer.commit_transaction(self.config.delivery_timeout_s)
+            except KafkaException as exc:
+                if not exc.args[0].txn_requires_abort():
+                    raise  # fenced or fatal: the process stops, a restart reads the batch again
+                # Typically the group moved to a new generation (a rebalance) while the batch was in flight:
+                # its outputs are discarded and its records, and those of the batches after it, read again.
+                self.producer.abort_transaction()
+                TRANSACTIONS_ABORTED.labels(self.processor.name).inc()
+                self.log.warning("%s: transaction aborted, %d records read again: %s", self.processor.name,
+                                 len(sent.records), exc.args[0].str())
+                self._drop_in_flight(sent.records, in_callback=self._in_callback)
+                return
         elif offsets:
             # Asynchronous: the outputs are acknowledged already, so the guarantee holds whenever the
             # commit lands; a commit lost to a crash only means those records are read once more.
@@ -464,6 +583,9 @@ class Runner:
             if "dlq.reason" in out.headers:
                 DEAD_LETTERS.labels(self.processor.name, str(out.headers["dlq.reason"])).inc()
         self._observe(offsets)
+        if sent.records:
+            BATCH_SECONDS.labels(self.processor.name).observe(time.perf_counter() - sent.started)
+            self._observe_latency(sent.records)
 
     def _observe_latency(self, records: list[Record], sample: int = 64) -> None:
         """Ingest-to-commit latency of up to ``sample`` records of the batch, evenly spaced."""
@@ -526,6 +648,16 @@ class Runner:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.log.info("partitions revoked: %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))
+        self._in_callback = True
+        try:
+            if self._pending is not None:  # its transaction and offsets belong to the generation ending now
+                self._complete_pending()
+        except DeliveryError as exc:
+            self.log.warning("the batch in flight was not committed, the new owner reads it again: %s", exc)
+        finally:
+            self._in_callback = False
+        # nothing of the batches submitted is produced: read again, here or by the partitions' new owners
+        self._drop_in_flight([], revoked={(p.topic, p.partition) for p in partitions}, in_callback=True)
         self._commit_sync([(p.topic, p.partition) for p in partitions])
         for p in partitions:
             self._committed.pop((p.topic, p.partition), None)
