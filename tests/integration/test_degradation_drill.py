@@ -1,7 +1,8 @@
 """Degradation on real Kafka: the manual switch within a second, and a drill that stops Triton.
 
-The drill runs its own Triton (ports 40600-40602, ``python -m inference_workers.triton_server``
-from .venv-triton) so that the session's Triton, which other tests use, is never stopped.
+The drill runs its own Triton (ports 28020-28022 shifted by ``TANGRAM_TEST_PORT_OFFSET``,
+``python -m inference_workers.triton_server`` from .venv-triton) so that the session's Triton, which
+other tests use, is never stopped.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from rules_helpers import Actions, Feed, InProcess, rules_topology, window
 pytestmark = pytest.mark.integration
 
 T0 = 1_700_000_000_000
-DRILL_PORTS = {"triton_http_port": 40600, "triton_grpc_port": 40601, "triton_metrics_port": 40602}
+#: Below the kernel's ephemeral range (32768+), where a client socket can hold a port; shifted like the stack's.
+_OFFSET = int(os.environ.get("TANGRAM_TEST_PORT_OFFSET", "0"))
+DRILL_PORTS = {"triton_http_port": 28020 + _OFFSET, "triton_grpc_port": 28021 + _OFFSET,
+               "triton_metrics_port": 28022 + _OFFSET}
 RULES = [
     {"name": "scored", "when": "score >= 0", "action": "review", "levels": ["L0", "L1"]},
     {"name": "vibration_features", "when": "vibration_std > 1.2", "action": "maintenance", "levels": ["L2"]},
