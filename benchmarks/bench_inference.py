@@ -150,7 +150,8 @@ def produce(stack: StackSettings, topic: str, matrix: np.ndarray) -> None:
     assert producer.flush(60) == 0, "benchmark input not acknowledged"
 
 
-def run_worker(stack: StackSettings, topics: dict[str, str], size: int, rows: int, model: str, version: str) -> Result:
+def run_worker(stack: StackSettings, topics: dict[str, str], size: int, rows: int, model: str, version: str,
+               exactly_once: bool = False) -> Result:
     worker = InferenceWorker(
         input_codec=codec(stack.registry_url, WINDOW_SUBJECT, load_schema(WINDOW_SUBJECT)),
         output_codec=codec(stack.registry_url, PREDICTION_SUBJECT, load_schema(PREDICTION_SUBJECT), register=True),
@@ -159,7 +160,8 @@ def run_worker(stack: StackSettings, topics: dict[str, str], size: int, rows: in
     )
     timed = Timed(worker, rows)
     runner = Runner(timed, RunnerConfig(bootstrap_servers=stack.bootstrap_servers, group_id=f"bench-{uuid.uuid4().hex}",
-                                        inputs=(topics["in"],), batch_size=size, max_wait_ms=500))
+                                        inputs=(topics["in"],), batch_size=size, max_wait_ms=500,
+                                        exactly_once=exactly_once))
     timed.runner = runner
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
@@ -235,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=200, help="most batches per batch size (worker)")
     parser.add_argument("--model", default="anomaly")
     parser.add_argument("--version", default="1")
+    parser.add_argument("--exactly-once", action="store_true", help="the worker in exactly-once mode (transactions)")
     args = parser.parse_args(argv)
     stack = StackSettings()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -253,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         batches = [matrix[i:i + size] for i in range(0, rows, size)]
         own = create_topics(stack, f"{prefix}b{size}")
         produce(stack, own["in"], matrix)
-        worker = run_worker(stack, own, size, rows, args.model, args.version)
+        worker = run_worker(stack, own, size, rows, args.model, args.version, args.exactly_once)
         triton = run_triton(stack, batches, args.model, args.version)
         onnx = run_onnxruntime(model_path, batches)
         kafka = Result(rows, raw_copy_seconds(stack, own["in"], own["raw"], rows, batch=size), [])
@@ -274,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{worker.percentile(50):>7.2f}/{worker.percentile(99):>8.2f} "
               f"{triton.percentile(50):>7.2f}/{triton.percentile(99):>8.2f} "
               f"{onnx.percentile(50):>6.3f}/{onnx.percentile(99):>7.3f}")
-    print("\nworker: consume + decode + Triton + encode + produce + broker acks + commit (at-least-once), pipelined; "
+    mode = "exactly-once: one transaction per batch" if args.exactly_once else "at-least-once"
+    print(f"\nworker: consume + decode + Triton + encode + produce + broker acks + commit ({mode}), pipelined; "
           "kafka: the raw consume → produce → acks → commit loop over the same records; "
           "ceiling: the lower of the triton and kafka rates.")
     return 0

@@ -196,6 +196,7 @@ class Processor(ABC):
 
     name: str = "processor"
     #: ``submit`` starts work that runs while the loop delivers the batch before (see the module's doc).
+    #: A pipelined processor keeps no state across batches: a batch may be read and submitted again.
     pipelined: bool = False
 
     def setup(self) -> None:
@@ -362,14 +363,14 @@ class Runner:
                 records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
                                   dict(h) if (h := m.headers()) else {}, m.timestamp()[1])
                            for m in messages if m.error() is None or self._usable(m)]  # Record.from_message, inlined
-                if not records and not busy:
-                    if outputs := self.processor.idle():
-                        self._complete(self._send(outputs, [], []))
-                    continue
                 if self._rewound:  # sought back inside this consume (a revocation): what it brought is read again
                     rewound, self._rewound = self._rewound, {}
                     records = [r for r in records if (r.topic, r.partition) not in rewound]
                     self._rewind(rewound)
+                if not records and not busy:
+                    if outputs := self.processor.idle():
+                        self._complete(self._send(outputs, [], []))
+                    continue
                 if records:
                     started = time.perf_counter()
                     try:  # a pipelined processor's service call goes out now
@@ -562,9 +563,14 @@ class Runner:
             except KafkaException as exc:
                 if not exc.args[0].txn_requires_abort():
                     raise  # fenced or fatal: the process stops, a restart reads the batch again
+                self.producer.abort_transaction()
+                if not (self.processor.pipelined and sent.records):
+                    # State built from the batch (windows) would count it twice if it were read again here:
+                    # the processor stops, and a restart rebuilds its state from the committed offsets.
+                    raise DeliveryError(f"{self.processor.name}: transaction aborted, offsets not committed: "
+                                        f"{exc.args[0].str()}") from exc
                 # Typically the group moved to a new generation (a rebalance) while the batch was in flight:
                 # its outputs are discarded and its records, and those of the batches after it, read again.
-                self.producer.abort_transaction()
                 TRANSACTIONS_ABORTED.labels(self.processor.name).inc()
                 self.log.warning("%s: transaction aborted, %d records read again: %s", self.processor.name,
                                  len(sent.records), exc.args[0].str())
