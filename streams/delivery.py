@@ -236,6 +236,15 @@ class Processor(ABC):
         """Release connections."""
 
 
+def _first_offsets(records: Iterable[Record]) -> dict[tuple[str, int], int]:
+    """The lowest offset of ``records`` in each of their partitions (where to seek back to read them again)."""
+    first: dict[tuple[str, int], int] = {}
+    for r in records:
+        key = (r.topic, r.partition)
+        first[key] = min(first.get(key, r.offset), r.offset)
+    return first
+
+
 class _Submitted(NamedTuple):
     """A batch handed to ``Processor.submit``: nothing of it is produced yet."""
 
@@ -439,18 +448,15 @@ class Runner:
         self._submitted.clear()
         self._back_off([*records, *later], reason)
 
-    def _drop_in_flight(self, records: list[Record], revoked: frozenset | set = frozenset(),
-                        in_callback: bool = False) -> None:
+    def _drop_in_flight(self, records: list[Record], revoked: frozenset | set = frozenset()) -> None:
         """Read ``records`` and every batch submitted and not produced again: seek their partitions (those not
         ``revoked``) back to the first of them. Inside a rebalance callback the consume call that runs it
         may bring records fetched before the seek: the loop drops those and seeks again."""
-        first: dict[tuple[str, int], int] = {}
-        for r in itertools.chain(records, *(batch.records for batch in self._submitted)):
-            first[(r.topic, r.partition)] = min(first.get((r.topic, r.partition), r.offset), r.offset)
+        first = _first_offsets(itertools.chain(records, *(batch.records for batch in self._submitted)))
         self._submitted.clear()
         kept = {tp: offset for tp, offset in first.items() if tp not in revoked}
         self._rewind(kept)
-        if in_callback:
+        if self._in_callback:
             for tp, offset in kept.items():
                 self._rewound[tp] = min(self._rewound.get(tp, offset), offset)
 
@@ -465,9 +471,7 @@ class Runner:
         name = self.processor.name
         self.backpressure_events += 1
         BACKPRESSURE.labels(name).inc()
-        first: dict[tuple[str, int], int] = {}
-        for r in records:
-            first[(r.topic, r.partition)] = min(first.get((r.topic, r.partition), r.offset), r.offset)
+        first = _first_offsets(records)
         self.consumer.pause(self.consumer.assignment())
         PAUSED.labels(name).set(1)
         self._rewind(first)
@@ -574,7 +578,7 @@ class Runner:
                 TRANSACTIONS_ABORTED.labels(self.processor.name).inc()
                 self.log.warning("%s: transaction aborted, %d records read again: %s", self.processor.name,
                                  len(sent.records), exc.args[0].str())
-                self._drop_in_flight(sent.records, in_callback=self._in_callback)
+                self._drop_in_flight(sent.records)
                 return
         elif offsets:
             # Asynchronous: the outputs are acknowledged already, so the guarantee holds whenever the
@@ -654,16 +658,17 @@ class Runner:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.log.info("partitions revoked: %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))
-        self._in_callback = True
+        self._in_callback = True  # seeks made now are repeated after the consume that runs this callback
         try:
             if self._pending is not None:  # its transaction and offsets belong to the generation ending now
                 self._complete_pending()
         except DeliveryError as exc:
             self.log.warning("the batch in flight was not committed, the new owner reads it again: %s", exc)
+        try:
+            # nothing of the batches submitted is produced: read again, here or by the partitions' new owners
+            self._drop_in_flight([], revoked={(p.topic, p.partition) for p in partitions})
         finally:
             self._in_callback = False
-        # nothing of the batches submitted is produced: read again, here or by the partitions' new owners
-        self._drop_in_flight([], revoked={(p.topic, p.partition) for p in partitions}, in_callback=True)
         self._commit_sync([(p.topic, p.partition) for p in partitions])
         for p in partitions:
             self._committed.pop((p.topic, p.partition), None)
