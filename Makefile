@@ -12,6 +12,8 @@ FEAST_VENV   := .venv-feast
 BIN          := $(VENV)/bin
 UV           := $(PYTHON) -m uv
 DURATION     ?= 60
+#: The app `make demo` runs (a folder with topology.yaml); `make demo APP=topologies/<other>` runs another.
+APP          ?= topologies/predictive_maintenance
 
 .PHONY: setup demo test unit integration up down status clean system-deps jars model uv
 
@@ -64,9 +66,9 @@ jars: $(VENV)/.installed
 	$(BIN)/tangram stack jars
 	$(BIN)/python -m streams.flink.launcher jars
 
-# The reference model, trained by the project's own script on simulated data, exported to ONNX.
+# The reference app's model, built by the app's own training script (its `models.build` hook).
 model: $(VENV)/.installed
-	$(BIN)/tangram model train
+	$(BIN)/tangram models build topologies/predictive_maintenance
 
 up: setup
 	$(BIN)/tangram up
@@ -79,11 +81,12 @@ status:
 
 demo: setup
 	$(BIN)/tangram up
-	$(BIN)/tangram apply topologies/predictive_maintenance.yaml
-	$(BIN)/tangram demo --duration $(DURATION)
+	$(BIN)/tangram models build $(APP)
+	$(BIN)/tangram apply $(APP)
+	$(BIN)/tangram demo $(APP) --duration $(DURATION)
 
 test: setup
-	$(BIN)/tangram schemas check
+	$(BIN)/tangram schemas check topologies/predictive_maintenance
 	$(BIN)/pytest -q tests
 
 unit: $(VENV)/.installed

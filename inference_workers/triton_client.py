@@ -7,7 +7,8 @@ says what differed or what did not answer; when Triton did not answer at all (do
 deadline) it is the subclass :class:`streams.errors.InferenceUnavailableError`, which says "retry
 later, the rows are not at fault"::
 
-    model = TritonModel("127.0.0.1:8001", "anomaly", contract=ANOMALY_CONTRACT)
+    contract = ModelContract.from_config(Path("topologies/predictive_maintenance/model_repository/anomaly"))
+    model = TritonModel("127.0.0.1:8001", "anomaly", contract=contract)
     await model.setup()                      # raises InferenceError on a contract mismatch
     probabilities = await model.infer(batch)  # (n, 27) float32 -> (n, 3) float32
     await model.close()
@@ -30,6 +31,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
@@ -91,7 +93,7 @@ class TensorContract:
 
 @dataclasses.dataclass(frozen=True)
 class ModelContract:
-    """What a worker expects of a model: one input, one output, and the batching it relies on.
+    """What a worker expects of a model: one input, one output, the batching it relies on, the class labels.
 
     ``max_batch_size``, when set, must be what the model's config declares; when None it is only
     required to be positive (a batching model), and the served value is used to split batches.
@@ -100,14 +102,36 @@ class ModelContract:
     input: TensorContract
     output: TensorContract
     max_batch_size: int | None = None
+    labels: tuple[str, ...] = ()
 
+    @classmethod
+    def from_config(cls, model_dir: Path) -> "ModelContract":
+        """The contract a model declares in its app's repository: ``config.pbtxt`` (one input, one output,
+        ``max_batch_size``) and the output's ``label_filename`` (one label per line; else "0", "1", ...)."""
+        from google.protobuf import text_format
 
-#: The contract of the predictive-maintenance anomaly model (inference_workers/model_repository/anomaly).
-ANOMALY_CONTRACT = ModelContract(
-    input=TensorContract("features", "FP32", (27,)),
-    output=TensorContract("probabilities", "FP32", (3,)),
-    max_batch_size=1024,
-)
+        path = Path(model_dir) / "config.pbtxt"
+        try:
+            config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+        except (OSError, text_format.ParseError) as exc:
+            raise InferenceError(f"model config {path}: {exc}") from exc
+        if len(config.input) != 1 or len(config.output) != 1:
+            raise InferenceError(f"model config {path}: a worker's model has one input and one output, "
+                                 f"not {len(config.input)} and {len(config.output)}")
+
+        def tensor(t: Any) -> TensorContract:
+            return TensorContract(t.name, model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_"), tuple(t.dims))
+
+        output = config.output[0]
+        if output.label_filename:
+            labels_path = path.parent / output.label_filename
+            try:
+                labels = tuple(line.strip() for line in labels_path.read_text().splitlines() if line.strip())
+            except OSError as exc:
+                raise InferenceError(f"model config {path}: labels of output {output.name!r}: {exc}") from exc
+        else:
+            labels = tuple(str(i) for i in range(output.dims[-1] if output.dims else 1))
+        return cls(tensor(config.input[0]), tensor(output), int(config.max_batch_size) or None, labels)
 
 
 def _error(label: str, timeout_s: float, action: str, exc: InferenceServerException) -> InferenceError:
@@ -136,7 +160,8 @@ class TritonModel:
         model_name: str,
         model_version: str = "",
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        contract: ModelContract = ANOMALY_CONTRACT,
+        *,
+        contract: ModelContract,
     ) -> None:
         """``url`` is Triton's gRPC endpoint ``host:port``; ``model_version`` "" means the one Triton picks."""
         if timeout_s <= 0:

@@ -1,10 +1,10 @@
 """The local model server: a real Triton Inference Server on the CPU, serving a Triton model repository.
 
-Run it with the interpreter of the model-server environment (``.venv-triton``, numpy<2) from the
-project root::
+Run it as a script with the interpreter of the model-server environment (``.venv-triton``, numpy<2),
+which must not see the application's packages (``tangram up`` does this)::
 
-    .venv-triton/bin/python -m inference_workers.triton_server \\
-        --model-repository inference_workers/model_repository \\
+    .venv-triton/bin/python inference_workers/triton_server.py \\
+        --model-repository .tangram/models \\
         --host 127.0.0.1 --http-port 8000 --grpc-port 8001 --metrics-port 8002
 
 It starts the ``tritonserver`` binary that the ``nvidia-pytriton`` wheel ships on the repository
@@ -35,6 +35,7 @@ is refused before Triton starts, with the port or the file in the message (exit 
 
 This module imports only the standard library, numpy, protobuf and tritonclient's
 ``model_config_pb2`` (and onnxruntime for the pre-flight check), never the application's packages.
+A repository with no model yet is served empty: apps install theirs with ``tangram apply``.
 """
 
 from __future__ import annotations
@@ -77,6 +78,18 @@ SHM_DEFAULT_BYTES = 4 * 1024 * 1024
 SHM_GROWTH_BYTES = 1024 * 1024
 #: The Triton backend name of platform ``onnxruntime_onnx``: the one this server provides in Python.
 ONNX_BACKEND = "onnxruntime"
+#: That backend's ``model.py``. This server runs as a script in the model-server environment, where the
+#: application's packages are not importable: the backend is found beside this file.
+BACKEND_FILE = Path(__file__).with_name("triton_onnx_backend.py")
+
+
+def _backend() -> Any:
+    """The backend module, loaded from ``BACKEND_FILE`` (for the pre-flight check of each model)."""
+    spec = importlib.util.spec_from_file_location("triton_onnx_backend", BACKEND_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class TritonSetupError(Exception):
@@ -250,8 +263,7 @@ def check_models(specs: Sequence[ModelSpec]) -> None:
     Raises TritonSetupError naming the model, version, file and tensor. (Versions loaded later are
     checked the same way by the backend when a client loads them; Triton refuses the load.)
     """
-    from inference_workers import triton_onnx_backend as backend
-
+    backend = _backend()
     for spec in specs:
         where = f"model '{spec.name}' version {spec.version}"
         try:
@@ -311,8 +323,6 @@ def prepare_backends(workspace: Path, dist: Distribution) -> Path:
     :mod:`inference_workers.triton_onnx_backend`. Copies (3 MB), not links: Triton refuses a backend
     library whose real path "escapes" the backend directory.
     """
-    from inference_workers import triton_onnx_backend
-
     backends = workspace / "backends"
     python = backends / "python"
     onnx = backends / ONNX_BACKEND
@@ -321,7 +331,7 @@ def prepare_backends(workspace: Path, dist: Distribution) -> Path:
     for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
         shutil.copy2(dist.python_backend / name, python / name)
     shutil.copy2(dist.stub, python / "triton_python_backend_stub")
-    shutil.copy2(triton_onnx_backend.__file__, onnx / "model.py")
+    shutil.copy2(BACKEND_FILE, onnx / "model.py")
     return backends
 
 
@@ -384,7 +394,7 @@ def _die_with_parent() -> None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m inference_workers.triton_server",
+        prog="triton_server.py",
         description="Serve a Triton model repository of ONNX models with the nvidia-pytriton wheel's tritonserver "
         "on the CPU, with explicit model control.",
     )
@@ -512,9 +522,8 @@ def serve(args: argparse.Namespace) -> int:
 
     repository = args.model_repository = args.model_repository.resolve()
     specs = discover_models(repository)
-    if not specs:
-        LOGGER.error("no servable model in %s (need <model>/config.pbtxt and <model>/<n>/model.onnx)", repository)
-        return 2
+    if not specs:  # apps install their models later (`tangram apply`), loaded by explicit model control
+        LOGGER.info("no model in %s yet: Triton starts empty", repository)
     check_models(specs)
     check_ports_free(args.host, (args.http_port, args.grpc_port, args.metrics_port))
     dist = Distribution.find()

@@ -1,5 +1,12 @@
 """Inference workers (seed node 3): feature micro-batches → Triton → predictions.
 
+What the worker reads and writes is declared, never assumed: the input columns that form the
+model's input vector (``features``, or the order of a ``feature_set``), the model's input and output
+tensors and its batching (the model's own ``config.pbtxt`` in the app's model repository, checked
+against what Triton serves), the class labels (the output's ``label_filename`` there) and the output
+contract (the predictions schema: every field it shares with the input schema is carried over, such
+as the entity and window bounds; the rest are the prediction's own fields below).
+
 One micro-batch from Kafka becomes one numpy matrix and one Triton call per model version it is
 routed to (Triton's dynamic batcher merges calls from several workers); the calls of one batch
 run concurrently, each with its deadline. What happens when something fails:
@@ -37,7 +44,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from prometheus_client import Counter, Histogram
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inference_workers.routing import (
     ModelTarget,
@@ -46,7 +53,7 @@ from inference_workers.routing import (
     RoutingSettings,
     VersionRouting,
 )
-from inference_workers.triton_client import ModelContract, ModelRepository, TensorContract, TritonModel
+from inference_workers.triton_client import ModelContract, ModelRepository, TritonModel
 from streams.avro import AvroCodec, WireFormatError
 from streams.columnar import MapColumn
 from streams.context import BuildContext
@@ -66,8 +73,8 @@ from streams.errors import (
     InferenceUnavailableError,
     TopologyError,
 )
-from streams.features import FEATURE_NAMES
 from streams.config_center import CONFIG_TOPIC, ConfigSubscriber
+from streams.features.spec import load_feature_set
 from streams.lifecycle import MODELS_TOPIC, ModelRegistryWatcher
 from streams.lifecycle.state import Routing
 
@@ -98,6 +105,10 @@ ERRORS = Counter(
 
 #: Route labels of a prediction: acted on (production, canary) or not (shadow).
 ROUTE_PRODUCTION, ROUTE_CANARY, ROUTE_SHADOW = "production", "canary", "shadow"
+#: The fields of a prediction the worker writes itself; every other field of the predictions schema is carried
+#: over from the input record (the entity, the window bounds, ...).
+PREDICTION_FIELDS = ("event_id", "score", "label", "confidence", "probabilities", "model_name", "model_version",
+                     "inference_ms", "trace_id")
 
 
 class InferenceSettings(BaseModel):
@@ -105,10 +116,14 @@ class InferenceSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model: str = Field("anomaly", description="Triton model name.")
+    model: str = Field(description="Triton model name: a folder of the app's model repository.")
     model_version: str = Field("1", description="Production version when `routing` is not given.")
-    classes: tuple[str, ...] = Field(("healthy", "bearing_wear", "overheating"), description="Output columns, in order.")
-    healthy_class: str = Field("healthy", description="score = 1 - P(healthy_class).")
+    features: tuple[str, ...] | None = Field(None, description="The input fields that form the model's input vector, "
+                                                               "in order (or give `feature_set`).")
+    feature_set: str | None = Field(None, description="A feature-set declaration whose feature order is the input "
+                                                      "vector (relative to the app folder).")
+    negative_class: str | None = Field(None, description="score = 1 - P(negative_class) (e.g. `healthy`); "
+                                                         "none: score = the top class's probability.")
     timeout_s: float = Field(2.0, gt=0, description="Deadline of each Triton call.")
     load_timeout_s: float = Field(60.0, gt=0, description="Deadline of loading a model version into Triton "
                                                           "(explicit model control) when the routing needs it.")
@@ -124,6 +139,12 @@ class InferenceSettings(BaseModel):
     config_topic: str = Field(CONFIG_TOPIC, description="The config center's compacted topic.")
     shadow_topic: str | None = Field(None, description="Where shadow predictions go; one of the processor's outputs.")
 
+    @model_validator(mode="after")
+    def _one_feature_source(self) -> "InferenceSettings":
+        if (self.features is None) == (self.feature_set is None):
+            raise ValueError("give exactly one of `features` (a list of input fields) and `feature_set`")
+        return self
+
     def initial_routing(self) -> RoutingSettings:
         return self.routing or RoutingSettings(production=self.model_version)
 
@@ -138,28 +159,33 @@ class _Group:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Windows:
-    """A batch's feature windows as columns (row i of each belongs to record i)."""
+class _Rows:
+    """A batch's inputs as columns (row i of each belongs to record i): entities, carried fields, the matrix."""
 
-    device_ids: list[str]
-    starts: np.ndarray
-    ends: np.ndarray
-    matrix: np.ndarray  # rows × FEATURE_NAMES, float32
+    keys: list[str]
+    carried: dict[str, Any]  # output field → column taken from the input
+    matrix: np.ndarray  # rows × features, the model's input dtype
 
-    def take(self, rows: np.ndarray) -> "_Windows":
+    def take(self, rows: np.ndarray) -> "_Rows":
         picked = rows.tolist()
-        return _Windows([self.device_ids[i] for i in picked], self.starts[rows], self.ends[rows], self.matrix[rows])
+        return _Rows([self.keys[i] for i in picked],
+                     {name: _take(column, rows, picked) for name, column in self.carried.items()}, self.matrix[rows])
+
+
+def _take(column: Any, rows: np.ndarray, picked: list[int]) -> Any:
+    return column[rows] if isinstance(column, np.ndarray) else [column[i] for i in picked]
 
 
 class InferenceWorker(Processor):
-    """``DeviceWindow`` (Avro) → ``AnomalyPrediction`` (Avro) through Triton."""
+    """Input records (Avro) → one prediction each (Avro) through Triton, as the topology declares."""
 
     name = "inference"
     pipelined = True  # a batch's Triton calls overlap the delivery of the batch before
 
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
-                 triton_url: str, settings: InferenceSettings, shadow_topic: str | None = None,
-                 bootstrap_servers: str | None = None, model_repository: Path | None = None):
+                 triton_url: str, settings: InferenceSettings, contract: ModelContract, features: Sequence[str],
+                 shadow_topic: str | None = None, bootstrap_servers: str | None = None,
+                 model_repository: Path | None = None):
         self.input_codec = input_codec
         self.output_codec = output_codec
         self.input_batch = input_codec.batch
@@ -171,10 +197,25 @@ class InferenceWorker(Processor):
         self.dlq_topic = dlq_topic
         self.triton_url = triton_url
         self.settings = settings
-        self.contract = ModelContract(
-            input=TensorContract("features", "FP32", (len(FEATURE_NAMES),)),
-            output=TensorContract("probabilities", "FP32", (len(settings.classes),)),
-        )
+        self.contract = contract
+        self.features = tuple(features)
+        if contract.input.dims != (len(self.features),):
+            raise TopologyError(f"{self.name}: model {settings.model!r} takes input {contract.input.name!r} of dims "
+                                f"{list(contract.input.dims)}, the processor declares {len(self.features)} features")
+        self.classes = contract.labels
+        if len(self.classes) != contract.output.dims[-1]:
+            raise TopologyError(f"{self.name}: model {settings.model!r} has {contract.output.dims[-1]} outputs and "
+                                f"{len(self.classes)} labels ({contract.output.name!r}'s label_filename)")
+        if settings.negative_class is not None and settings.negative_class not in self.classes:
+            raise TopologyError(f"{self.name}: negative_class {settings.negative_class!r} is not a label of model "
+                                f"{settings.model!r} ({', '.join(self.classes)})")
+        input_fields = {f["name"] for f in input_codec.schema_json["fields"]}
+        output_fields = [f["name"] for f in output_codec.schema_json["fields"]]
+        self.carried = [f for f in output_fields if f not in PREDICTION_FIELDS]
+        missing = [f for f in (*self.carried, *self.features) if f not in input_fields]
+        if missing:
+            raise TopologyError(f"{self.name}: the input schema {input_codec.subject!r} lacks {missing}, which the "
+                                f"model's features or the predictions schema {output_codec.subject!r} need")
         self.routing = VersionRouting(settings.initial_routing(), settings.model)
         self.routing_file = RoutingFile(settings.routing_file) if settings.routing_file else None
         self.bootstrap_servers = bootstrap_servers
@@ -198,7 +239,7 @@ class InferenceWorker(Processor):
 
     @classmethod
     def build(cls, ctx: BuildContext) -> "InferenceWorker":
-        settings = InferenceSettings.model_validate(ctx.spec.params)
+        settings = ctx.settings(InferenceSettings)
         (source,) = ctx.spec.inputs
         outputs = list(ctx.spec.outputs)
         if settings.shadow_topic is not None:
@@ -209,10 +250,12 @@ class InferenceWorker(Processor):
         if len(outputs) != 1:
             raise TopologyError(f"processor {ctx.name!r}: expected one predictions output besides the shadow topic, "
                                 f"got {outputs}")
+        features = settings.features or load_feature_set(ctx.path(settings.feature_set)).feature_names
+        contract = ModelContract.from_config(ctx.topology.model_repository / settings.model)
         return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), output_topic=outputs[0],
-                   dlq_topic=ctx.dlq, triton_url=ctx.stack.triton_grpc_url, settings=settings,
-                   shadow_topic=settings.shadow_topic, bootstrap_servers=ctx.stack.bootstrap_servers,
-                   model_repository=ctx.stack.model_repository)
+                   dlq_topic=ctx.dlq, triton_url=ctx.stack.triton_grpc_url, settings=settings, contract=contract,
+                   features=features, shadow_topic=settings.shadow_topic,
+                   bootstrap_servers=ctx.stack.bootstrap_servers, model_repository=ctx.stack.model_repository)
 
     # -- lifecycle -------------------------------------------------------------------
     def setup(self) -> None:
@@ -239,7 +282,8 @@ class InferenceWorker(Processor):
     async def _model(self, target: ModelTarget) -> TritonModel:
         model = self.models.get(target)
         if model is None:
-            model = TritonModel(self.triton_url, target.model, target.version, self.settings.timeout_s, self.contract)
+            model = TritonModel(self.triton_url, target.model, target.version, self.settings.timeout_s,
+                                contract=self.contract)
             try:
                 await model.setup()  # InferenceError naming the field that differs
             except BaseException:
@@ -405,20 +449,20 @@ class InferenceWorker(Processor):
         """Decode ``batch`` and send its Triton calls; what this returns waits for them and builds the predictions."""
         self._refresh_routing()
         outputs: list[Output] = []
-        records, windows = self._windows(batch, outputs)
-        if windows is None:
+        records, rows = self._rows(batch, outputs)
+        if rows is None:
             return lambda: outputs
-        finite = np.isfinite(windows.matrix).all(axis=1)
+        finite = np.isfinite(rows.matrix).all(axis=1)
         if not finite.all():
             outputs.extend(dead_letter(records[i], self.dlq_topic, self.name, "non-finite feature value", "bad_features")
                            for i in np.flatnonzero(~finite))
             keep = np.flatnonzero(finite)
-            records, windows = [records[i] for i in keep], windows.take(keep)
+            records, rows = [records[i] for i in keep], rows.take(keep)
             if not records:
                 return lambda: outputs
         QUEUE_WAIT.labels(self.name).observe(max(0.0, time.time() - min(r.timestamp_ms for r in records) / 1000))
-        groups = self._groups(self._effective_plan(), windows.device_ids)
-        matrix = windows.matrix
+        groups = self._groups(self._effective_plan(), rows.keys)
+        matrix = rows.matrix
 
         async def score_all() -> list:
             async with self._triton_turn:  # one batch's calls at a time, in order: the next goes out as these answer
@@ -426,9 +470,9 @@ class InferenceWorker(Processor):
                                             return_exceptions=True)
 
         calls = self._in_flight = asyncio.run_coroutine_threadsafe(score_all(), self.loop)
-        return functools.partial(self._finish, records, windows, groups, calls, outputs)
+        return functools.partial(self._finish, records, rows, groups, calls, outputs)
 
-    def _finish(self, records: list[Record], windows: _Windows, groups: list[_Group],
+    def _finish(self, records: list[Record], rows: _Rows, groups: list[_Group],
                 calls: concurrent.futures.Future, outputs: list[Output]) -> list[Output]:
         """The batch's predictions (and dead letters) once its Triton calls answered; BackpressureError when
         Triton is unavailable or refused rows that have tries left."""
@@ -454,15 +498,15 @@ class InferenceWorker(Processor):
             topic = self.shadow_topic if group.route == ROUTE_SHADOW else self.output_topic
             kept = np.ones(len(group.rows), dtype=bool)
             kept[list(bad)] = False
-            rows = group.rows[kept]
-            outputs.extend(self._predictions([records[i] for i in rows.tolist()], windows.take(rows),
+            picked = group.rows[kept]
+            outputs.extend(self._predictions([records[i] for i in picked.tolist()], rows.take(picked),
                                              probabilities[kept], group.target, seconds, topic))
-            ROWS.labels(group.target.model, group.target.version, group.route).inc(len(rows))
+            ROWS.labels(group.target.model, group.target.version, group.route).inc(len(picked))
         return outputs
 
-    def _windows(self, batch: list[Record], outputs: list[Output]) -> tuple[list[Record], _Windows | None]:
-        """The batch's feature windows as columns: the whole batch at once when every value reads
-        cleanly in the contract's schema, else record by record (undecodable ones to the DLQ)."""
+    def _rows(self, batch: list[Record], outputs: list[Output]) -> tuple[list[Record], _Rows | None]:
+        """The batch's inputs as columns: the whole batch at once when every value reads cleanly in the
+        contract's schema, else record by record (undecodable ones to the DLQ)."""
         columns = self.input_batch.decode([r.value for r in batch]) if self.input_batch is not None else None
         records = batch
         if columns is None:
@@ -476,10 +520,11 @@ class InferenceWorker(Processor):
                 records.append(record)
             if not records:
                 return records, None
-            columns = {name: [w[name] for w in decoded] for name in ("device_id", "window_start", "window_end", *FEATURE_NAMES)}
-        matrix = np.column_stack([np.asarray(columns[name], dtype=np.float32) for name in FEATURE_NAMES])
-        return records, _Windows(list(columns["device_id"]), np.asarray(columns["window_start"], dtype=np.int64),
-                                 np.asarray(columns["window_end"], dtype=np.int64), matrix)
+            columns = {name: [value[name] for value in decoded] for name in (*self.carried, *self.features)}
+        dtype = self.contract.input.numpy_dtype
+        matrix = np.column_stack([np.asarray(columns[name], dtype=dtype) for name in self.features])
+        keys = [r.key.decode("utf-8", "replace") if r.key is not None else "" for r in records]
+        return records, _Rows(keys, {name: columns[name] for name in self.carried}, matrix)
 
     def _groups(self, plan: RoutingPlan, keys: Sequence[str]) -> list[_Group]:
         everyone = np.arange(len(keys))
@@ -531,7 +576,7 @@ class InferenceWorker(Processor):
                 raise InferenceUnavailableError(f"{target} is not ready: {exc}") from exc
             first_error = exc
         # Triton is up and refuses this batch: find the rows it refuses by bisection.
-        probabilities = np.zeros((len(matrix), len(self.settings.classes)), dtype=np.float32)
+        probabilities = np.zeros((len(matrix), len(self.classes)), dtype=self.contract.output.numpy_dtype)
         bad: dict[int, InferenceError] = {}
 
         async def bisect(lo: int, hi: int, known: InferenceError | None) -> None:
@@ -569,29 +614,31 @@ class InferenceWorker(Processor):
         BATCH_ROWS.labels(target.model, target.version).observe(len(matrix))
         return result
 
-    def _predictions(self, records: list[Record], windows: _Windows, probabilities: np.ndarray,
+    def _predictions(self, records: list[Record], rows: _Rows, probabilities: np.ndarray,
                      target: ModelTarget, seconds: float, topic: str) -> list[Output]:
-        """One prediction per row, computed column-wise and encoded as one batch."""
+        """One prediction per row, computed column-wise and encoded as one batch.
+
+        Its ``event_id`` is the model version's and the input's (``anomaly:1:<input event id>``): the same
+        input scored by the same version always gives the same id, so replays and subscribers deduplicate."""
         s, n = self.settings, len(records)
         if n == 0:
             return []
-        classes = tuple(s.classes)
+        classes = self.classes
         labels = np.asarray(classes, dtype=object)[probabilities.argmax(axis=1)].tolist()
+        confidence = probabilities.max(axis=1)
         prefix = f"{target.model}:{target.version}:"
-        event_ids = [f"{prefix}{d}:{w}" for d, w in zip(windows.device_ids, windows.starts.tolist())]
+        event_ids = [prefix + (r.header(H_EVENT_ID) or r.where) for r in records]
         values = self.output_batch.encode({
+            **rows.carried,
             "event_id": event_ids,
-            "device_id": windows.device_ids,
-            "window_start": windows.starts,
-            "window_end": windows.ends,
-            "score": 1.0 - probabilities[:, classes.index(s.healthy_class)],
+            "score": confidence if s.negative_class is None else 1.0 - probabilities[:, classes.index(s.negative_class)],
             "label": labels,
-            "confidence": probabilities.max(axis=1),
+            "confidence": confidence,
             "probabilities": MapColumn(classes, probabilities),
             "model_name": [target.model] * n,
             "model_version": [target.version] * n,
             "inference_ms": np.full(n, seconds * 1000),
             "trace_id": [r.header(H_TRACE_ID) for r in records],
         }, n)
-        return [Output(topic, device, value, carry_headers(record, **{H_EVENT_ID: event_id}))
-                for record, device, value, event_id in zip(records, windows.device_ids, values, event_ids)]
+        return [Output(topic, record.key, value, carry_headers(record, **{H_EVENT_ID: event_id}))
+                for record, value, event_id in zip(records, values, event_ids)]

@@ -8,12 +8,8 @@ from `schemas/avro/`.
 """
 
 import logging
-from pathlib import Path
 
 __version__ = "0.1.0"
-
-#: The repository root (the folder holding `schemas/`, `topologies/`, `stack/`).
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 #: The one logger namespace of the project. Never configure the root logger.
 logger = logging.getLogger("tangram")

@@ -14,14 +14,17 @@ import io
 import json
 import struct
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fastavro
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from streams.columnar import BatchCodec
-from streams.errors import SchemaError
+from streams.errors import SchemaError, TopologyError
+
+if TYPE_CHECKING:
+    from streams.topology import Topology
 
 MAGIC_BYTE = 0
 #: Below this many records a batch is encoded and decoded record by record (numpy's fixed cost per
@@ -66,6 +69,14 @@ class Registry:
                 f"subject {subject!r} does not hold this schema in the registry at {self.url} ({exc}); "
                 "run `tangram apply <topology>` first"
             ) from exc
+
+    def latest(self, subject: str) -> dict:
+        """The newest schema registered under ``subject``."""
+        try:
+            return json.loads(self.client.get_latest_version(subject).schema.schema_str)
+        except SchemaRegistryError as exc:
+            raise SchemaError(f"subject {subject!r} is not in the registry at {self.url} ({exc}); "
+                              "run `tangram apply <app>` first") from exc
 
     def parsed(self, schema_id: int) -> Any:
         """The writer schema with this id, parsed for fastavro (cached)."""
@@ -146,6 +157,16 @@ def _registry(url: str) -> Registry:
     return Registry(url)
 
 
-def codec(registry_url: str, subject: str, schema: dict, *, register: bool = False) -> AvroCodec:
-    """One codec per (registry, subject, schema) per process."""
+def codec(registry_url: str, subject: str, schema: dict | None = None, *, register: bool = False) -> AvroCodec:
+    """One codec per (registry, subject, schema) per process; without ``schema``, the subject's newest one."""
+    if schema is None:
+        schema = _registry(registry_url).latest(subject)
     return _cached_codec(registry_url, subject, json.dumps(schema), register)
+
+
+def topic_codec(topology: Topology, registry_url: str, topic: str) -> AvroCodec:
+    """The codec of an Avro topic of ``topology``: its subject, with the schema of the app's file."""
+    subject = topology.topics[topic].schema_
+    if not subject:
+        raise TopologyError(f"topic {topic!r} of app {topology.app!r} is not an Avro topic")
+    return codec(registry_url, subject, topology.schema(subject))

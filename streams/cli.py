@@ -1,4 +1,7 @@
-"""The one CLI: `tangram up | down | status | plan | apply | run | demo | model | models | config | stack`."""
+"""The one CLI: `tangram init | up | down | status | plan | apply | run | demo | verify | models | config | ...`.
+
+Every command that works on an application takes the app's folder (or its topology file).
+"""
 
 from __future__ import annotations
 
@@ -14,10 +17,11 @@ from streams.settings import StackSettings
 
 app = typer.Typer(help="Tangram: Kafka-native streaming dataflow for production AI.", no_args_is_help=True)
 stack_app = typer.Typer(help="Local stack chores.", no_args_is_help=True)
-model_app = typer.Typer(help="The reference model.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
-app.add_typer(model_app, name="model")
 app.add_typer(models_app, name="models")
+
+#: The argument every app command takes.
+AppArg = typer.Argument(..., help="The app: its folder (holding topology.yaml) or its topology file.")
 app.add_typer(config_app, name="config")
 from streams.gateway.cli import dlq_app, gateway_app, schemas_app  # noqa: E402  (data contracts, gateways, DLQ)
 app.add_typer(schemas_app, name="schemas")
@@ -83,31 +87,6 @@ def stack_jars() -> None:
     fetch_jars(_settings())
 
 
-@model_app.command("train")
-def model_train(
-    seed: int = typer.Option(42, help="Random seed of the simulated training fleet."),
-    force: bool = typer.Option(False, help="Retrain even if the model exists."),
-    version: int = typer.Option(1, min=1, help="Version folder to write (<model>/<version>/model.onnx)."),
-) -> None:
-    """Train the reference anomaly model on simulated data and export it to ONNX for Triton."""
-    from rich.console import Console
-
-    from inference_workers.train import MODEL_NAME, train
-
-    repo = _settings().model_repository
-    if (repo / MODEL_NAME / str(version) / "model.onnx").exists() and (repo / MODEL_NAME / "model_card.json").exists() \
-            and not force:
-        Console().print(f"model {MODEL_NAME} v{version} already trained in {repo} (use --force to retrain)")
-        return
-    card = train(repo, seed=seed, version=version)
-    m = card["metrics"]
-    Console().print(
-        f"[bold]{MODEL_NAME}[/] v{card['version']} dataset {card['dataset_version']}: "
-        f"held-out accuracy {m['accuracy']:.4f}; "
-        + ", ".join(f"{k} P={v['precision']:.3f} R={v['recall']:.3f}" for k, v in m["per_class"].items())
-    )
-
-
 def _show_changes(changes, title: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -125,8 +104,23 @@ def _show_changes(changes, title: str) -> None:
 
 
 @app.command()
-def plan(topology: Path = typer.Argument(..., help="Topology YAML file.")) -> None:
-    """Show what `apply` would change on the broker and the schema registry."""
+def init(
+    name: str = typer.Argument(..., help="The new app's name: lowercase letters, digits, _ (its topics' prefix)."),
+    directory: Optional[Path] = typer.Option(None, "--dir", help="Where to create the app folder (default: ./NAME)."),
+) -> None:
+    """Scaffold a new app: topology, schemas, a feature set, a tiny model, one rule; it runs as it is."""
+    from rich.console import Console
+
+    from streams.scaffold import scaffold
+
+    folder = scaffold(name, directory or Path(name))
+    Console().print(f"created app [bold]{name}[/] in {folder}; next: `tangram models build {folder}`, "
+                    f"`tangram apply {folder}`, `tangram run {folder} <processor>` (see {folder / 'README.md'})")
+
+
+@app.command()
+def plan(topology: Path = AppArg) -> None:
+    """Show what `apply` would change on the broker, the schema registry and the model server."""
     from streams.plan import plan as make_plan
     from streams.topology import load_topology
 
@@ -134,8 +128,8 @@ def plan(topology: Path = typer.Argument(..., help="Topology YAML file.")) -> No
 
 
 @app.command()
-def apply(topology: Path = typer.Argument(..., help="Topology YAML file.")) -> None:
-    """Create topics and register schemas so the stack matches the topology (idempotent)."""
+def apply(topology: Path = AppArg) -> None:
+    """Create topics, register schemas and install the app's models so the stack matches it (idempotent)."""
     from streams.plan import apply as do_apply
     from streams.topology import load_topology
 
@@ -144,7 +138,7 @@ def apply(topology: Path = typer.Argument(..., help="Topology YAML file.")) -> N
 
 @app.command()
 def run(
-    topology: Path = typer.Argument(..., help="Topology YAML file."),
+    topology: Path = AppArg,
     processor: str = typer.Argument(..., help="Processor name in the topology."),
     metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics on this port."),
 ) -> None:
@@ -156,14 +150,15 @@ def run(
 
 @app.command()
 def demo(
-    duration: float = typer.Option(60.0, help="Seconds of simulated telemetry."),
-    devices: int = typer.Option(20, help="Fleet size (the first eight carry faults)."),
+    topology: Path = AppArg,
+    duration: float = typer.Option(60.0, help="Seconds of simulated events."),
+    entities: int = typer.Option(20, help="Simulated entities (devices, documents, ...), as the app's simulator has them."),
     seed: int = typer.Option(7, help="Simulator seed."),
 ) -> None:
-    """Run the predictive-maintenance application on the local stack and score it against the ground truth."""
+    """Run an app on the local stack with its simulator and score it against the simulator's ground truth."""
     from streams.demo import run_demo
 
-    run_demo(_settings(), duration, devices, seed)
+    run_demo(_settings(), topology, duration, entities, seed)
 
 
 def entry() -> None:
@@ -181,19 +176,19 @@ def entry() -> None:
 
 @app.command()
 def diagram(
-    topology: Path = typer.Argument(..., help="Topology YAML file."),
-    out: Optional[Path] = typer.Option(None, help="Output path without suffix; default docs/images/<file stem>."),
+    topology: Path = AppArg,
+    out: Optional[Path] = typer.Option(None, help="Output path without suffix; default <app folder>/diagram."),
     formats: str = typer.Option("svg,png,mmd", help="Comma-separated: svg, png, mmd (Mermaid), dot."),
 ) -> None:
     """Draw the topology with its constraints (SVG/PNG via Graphviz, Mermaid text)."""
     from rich.console import Console
 
-    from streams import PROJECT_ROOT
     from streams.diagram import render
     from streams.topology import load_topology
 
-    base = out or PROJECT_ROOT / "docs" / "images" / topology.stem
-    for path in render(load_topology(topology), base, tuple(f.strip() for f in formats.split(",") if f.strip())):
+    loaded = load_topology(topology)
+    base = out or loaded.folder / "diagram"
+    for path in render(loaded, base, tuple(f.strip() for f in formats.split(",") if f.strip())):
         Console().print(f"wrote {path}")
 
 
@@ -203,21 +198,22 @@ app.add_typer(compose_app, name="compose")
 
 @compose_app.command("prometheus")
 def compose_prometheus(
-    topology: Path = typer.Argument(Path("topologies/predictive_maintenance.yaml"), help="Topology YAML file."),
+    topology: Path = AppArg,
+    out: Path = typer.Option(Path("deploy"), help="Folder of prometheus/ and grafana/ (docker compose mounts it)."),
 ) -> None:
-    """Write deploy/prometheus/prometheus.yml (a scrape job per processor) and the Grafana dashboards."""
+    """Write <out>/prometheus/prometheus.yml (a scrape job per processor) and the Grafana dashboards."""
     from rich.console import Console
 
     from streams.monitor.dashboards import write_all
     from streams.topology import load_topology
 
-    for path in write_all(load_topology(topology)):
+    for path in write_all(load_topology(topology), out):
         Console().print(f"wrote {path}")
 
 
 @app.command()
 def verify(
-    topology: Path = typer.Argument(..., help="Topology YAML file."),
+    topology: Path = AppArg,
     load_seconds: float = typer.Option(20.0, help="Duration of step 4's load at the declared baseline rate."),
     kill: str = typer.Option("inference", help="The processor step 4 kills with SIGKILL and restarts."),
 ) -> None:
@@ -246,8 +242,8 @@ def _epoch_ms(text: Optional[str]) -> Optional[int]:
 
 @replay_app.command("copy")
 def replay_copy(
-    topology: Path = typer.Argument(..., help="Topology YAML file."),
-    topic: Optional[str] = typer.Option(None, help="Live topic to copy; default the ingest processor's input."),
+    topology: Path = AppArg,
+    topic: Optional[str] = typer.Option(None, help="Live topic to copy; default the simulator's source topic."),
     from_offset: Optional[int] = typer.Option(None, help="First offset (every partition)."),
     to_offset: Optional[int] = typer.Option(None, help="End offset, exclusive (every partition)."),
     since: Optional[str] = typer.Option(None, help="First record time: epoch ms or ISO 8601."),
@@ -309,8 +305,8 @@ def backtest(
 
 @app.command()
 def trace(
-    event_id: str = typer.Argument(..., help="The reading's event_id."),
-    topology: Path = typer.Option(Path("topologies/predictive_maintenance.yaml"), help="Topology YAML file."),
+    topology: Path = AppArg,
+    event_id: str = typer.Argument(..., help="The event's event_id."),
     lookback: float = typer.Option(3600.0, help="How far back to look for the reading, in seconds."),
 ) -> None:
     """Print one reading's path through every stage, with per-stage times and trace ids."""

@@ -52,7 +52,7 @@ def path(topology: Topology, source: str, sink: str) -> list[str] | None:
     return best
 
 
-def _processor_violations(topology: Topology, name: str, spec: ProcessorSpec, repository: Path) -> list[str]:
+def _processor_violations(topology: Topology, name: str, spec: ProcessorSpec) -> list[str]:
     out = []
     for call in spec.calls:
         worst = call.timeout_ms * (call.retries + 1)
@@ -62,6 +62,7 @@ def _processor_violations(topology: Topology, name: str, spec: ProcessorSpec, re
                        f"max.poll.interval.ms {MAX_POLL_INTERVAL_MS}: the group would rebalance")
     model = spec.params.get("model")
     if model:
+        repository = topology.model_repository
         limit = _model_max_batch(repository, model)
         if limit is None:
             out.append(f"processor {name!r}: model {model!r} has no config.pbtxt in {repository}")
@@ -92,11 +93,11 @@ def _processor_violations(topology: Topology, name: str, spec: ProcessorSpec, re
     return out
 
 
-def violations(topology: Topology, repository: Path) -> list[str]:
+def violations(topology: Topology) -> list[str]:
     """Every declared constraint the runtime cannot honour; empty when the topology is sound."""
     out: list[str] = []
     for name, spec in topology.processors.items():
-        out.extend(_processor_violations(topology, name, spec, repository))
+        out.extend(_processor_violations(topology, name, spec))
     if topology.sla:
         sla = topology.sla
         chain = path(topology, sla.source, sla.sink)

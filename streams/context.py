@@ -1,13 +1,19 @@
-"""What a processor gets to build itself from a topology: its spec, codecs, service addresses."""
+"""What a processor gets to build itself from a topology: its spec, settings, codecs, service addresses."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
 
-from streams.avro import AvroCodec, codec
+from pydantic import BaseModel, ValidationError
+
+from streams.avro import AvroCodec, topic_codec
 from streams.errors import TopologyError
 from streams.settings import StackSettings
-from streams.topology import ProcessorSpec, Topology, load_schema
+from streams.topology import ProcessorSpec, Topology
+
+S = TypeVar("S", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -26,9 +32,18 @@ class BuildContext:
             raise TopologyError(f"processor {self.name!r} needs a `dlq:` topic: bad records must go somewhere")
         return self.spec.dlq
 
+    def settings(self, model: type[S]) -> S:
+        """The processor's ``params`` validated by its settings model; errors name the processor and the field."""
+        try:
+            return model.model_validate(self.spec.params)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<params>'}: {e['msg']}" for e in exc.errors())
+            raise TopologyError(f"processor {self.name!r} of app {self.topology.app!r}: params: {problems}") from exc
+
+    def path(self, relative: str | Path) -> Path:
+        """A path the processor's params name, resolved against the app folder."""
+        return self.topology.path(relative)
+
     def codec(self, topic: str) -> AvroCodec:
         """The codec of an Avro topic, bound to the id `tangram apply` registered."""
-        subject = self.topology.topics[topic].schema_
-        if not subject:
-            raise TopologyError(f"topic {topic!r} is not an Avro topic")
-        return codec(self.stack.registry_url, subject, load_schema(subject))
+        return topic_codec(self.topology, self.stack.registry_url, topic)

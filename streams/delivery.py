@@ -55,12 +55,17 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
 from streams.errors import BackpressureError, DeliveryError
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from streams.context import BuildContext
 
 log = logging.getLogger("tangram.delivery")
 
@@ -114,12 +119,6 @@ class Record(NamedTuple):
     value: bytes | None
     headers: Mapping[str, bytes]
     timestamp_ms: int
-
-    @classmethod
-    def from_message(cls, msg: Message) -> "Record":
-        headers = msg.headers()
-        return cls(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                   dict(headers) if headers else {}, msg.timestamp()[1])
 
     @property
     def where(self) -> str:
@@ -192,12 +191,22 @@ def dead_letter(record: Record, dlq_topic: str, stage: str, error: BaseException
 
 
 class Processor(ABC):
-    """User logic of one stage. Implementations are plain classes; this loop owns Kafka."""
+    """User logic of one stage. Implementations are plain classes; this loop owns Kafka.
+
+    ``tangram run`` makes one with :meth:`build` from its declaration in the topology. For a stage
+    that decodes, transforms and encodes records, :class:`streams.stage.Stage` does the plumbing;
+    subclass this directly for state kept across batches or a batch-at-a-time hot path.
+    """
 
     name: str = "processor"
     #: ``submit`` starts work that runs while the loop delivers the batch before (see the module's doc).
     #: A pipelined processor keeps no state across batches: a batch may be read and submitted again.
     pipelined: bool = False
+
+    @classmethod
+    @abstractmethod
+    def build(cls, ctx: "BuildContext") -> "Self":
+        """Make the processor from its declaration: ``ctx`` holds its spec, settings, codecs and the stack."""
 
     def setup(self) -> None:
         """Open connections (Triton, Redis). Called once before the first batch."""
@@ -334,7 +343,6 @@ class Runner:
         self._pending: _Sent | None = None  # a pipelined processor's batch: produced, acks and commit outstanding
         self._rewound: dict[tuple[str, int], int] = {}  # partitions sought back in a rebalance callback
         self._in_callback = False
-        self._acked: dict[str, int] = {}
         self._backoff_s = config.backoff_initial_s
         #: Partition assignments received (one per rebalance this member took part in).
         self.assignments = 0

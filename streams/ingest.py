@@ -19,7 +19,6 @@ import math
 import operator
 import struct
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -97,8 +96,10 @@ class IngestSettings(_Frozen):
         None, ge=0, description="How far behind the device's latest accepted event time a reading may be; none = any.")
     dedup_window: int = Field(100_000, ge=0, description="How many recent event_ids are remembered for dedup.")
     ranges: dict[str, tuple[float, float]] = Field(default_factory=dict, description="field → [min, max] inclusive.")
-    entity_field: str = Field("device_id", description="The field that must equal the Kafka key.")
-    time_field: str = Field("ts", description="The event-time field (epoch ms).")
+    entity_field: str = Field(description="The field that names the entity; it must equal the Kafka key.")
+    time_field: str = Field(description="The event-time field (epoch ms).")
+    id_field: str = Field("event_id", description="The field holding each event's unique id (dedup, the `event_id` "
+                                                  "header of every record derived from it).")
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings, description="Token-bucket limits.")
     reference_time: Literal["wall", "record"] = Field(
         "wall", description="Timestamps are judged against the wall clock, or (replays, backtests) against the time "
@@ -413,7 +414,7 @@ class Validator:
 
     def accept(self, record: dict) -> None:
         """Remember an accepted record: its event_id for dedup, its time for the out-of-order check."""
-        self._remember_id(record["event_id"])
+        self._remember_id(record[self.settings.id_field])
         for name in self._nullable:
             if record[name] is None:
                 FIELD_MISSING.labels(self.name, name).inc()
@@ -430,7 +431,7 @@ class Validator:
     def forget(self, records: Iterable[dict]) -> None:
         """Undo ``accept`` for records whose delivery failed, so the producer's retry is not taken for a duplicate."""
         for record in records:
-            self._seen.pop(record["event_id"], None)
+            self._seen.pop(record[self.settings.id_field], None)
 
     def _remember_id(self, event_id: str) -> None:
         if self.settings.dedup_window == 0:
@@ -450,7 +451,7 @@ class Validator:
         """
         try:
             record = self.validate_avro(key, value, now_ms, codec) if codec is not None else self.validate(key, value, now_ms)
-            if self.seen(record["event_id"]):
+            if self.seen(record[self.settings.id_field]):
                 DUPLICATES.labels(self.name).inc()
                 return None
             self.throttle({record[self.settings.entity_field]: 1}, client, time.monotonic() if now_s is None else now_s)
@@ -509,7 +510,7 @@ class Validator:
         if entities is not None and key_texts != entities and any(
                 k is not None and e is not None and k != e for k, e in zip(key_texts, entities)):
             return None
-        ids = columns["event_id"]
+        ids = columns[s.id_field]
         if s.dedup_window > 0 and (len(set(ids)) != len(ids) or not self._seen.keys().isdisjoint(ids)):
             return None
         if s.max_out_of_order_ms is not None and entities is not None and ts is not None:
@@ -561,10 +562,10 @@ class Validator:
             except Rejected as exc:
                 verdict.rejected.append((index, exc))
                 continue
-            if self.seen(record["event_id"]) or record["event_id"] in in_batch:
+            if self.seen(record[self.settings.id_field]) or record[self.settings.id_field] in in_batch:
                 verdict.duplicates += 1
                 continue
-            in_batch.add(record["event_id"])
+            in_batch.add(record[self.settings.id_field])
             candidates.append((index, record))
         for _, exc in verdict.rejected:
             self.count(exc)
@@ -587,16 +588,6 @@ class Validator:
         return verdict
 
 
-def new_trace_id() -> str:
-    """A W3C trace id: 32 lowercase hex digits."""
-    return uuid.uuid4().hex
-
-
-def trace_id_for(event_id: str) -> str:
-    """The trace id of an event that arrived without one: derived from its id, so replays reproduce it."""
-    return hashlib.sha256(event_id.encode()).hexdigest()[:32]
-
-
 def _text(header: bytes | None) -> str:
     return header.decode("utf-8", "replace") if header is not None else ""
 
@@ -606,7 +597,7 @@ def ingest_headers(event_id: str, trace_id: str, ingest_ms: int) -> dict[str, st
     event id) and the ingest hop's ``traceparent``, and when it entered Kafka (HTTP, MQTT or Kafka path alike)."""
     if trace_id:
         parent = traceparent(trace_id, event_id)
-    else:  # one digest gives both the trace id (as trace_id_for) and the hop's span id
+    else:  # derived from the event id, so replays reproduce it; one digest gives the trace id and the span id
         digest = hashlib.sha256(event_id.encode()).hexdigest()
         trace_id, parent = digest[:32], f"00-{digest[:32]}-{digest[32:48]}-01"
     return {H_EVENT_ID: event_id, H_TRACE_ID: trace_id, H_TRACEPARENT: parent, H_INGEST_MS: str(ingest_ms)}
@@ -666,7 +657,7 @@ class IngestValidator(Processor):
                 continue
             if reading is None:  # a duplicate: dropped on purpose, counted
                 continue
-            headers = ingest_headers(reading["event_id"], record.header(H_TRACE_ID), record.timestamp_ms)
+            headers = ingest_headers(reading[self.validator.settings.id_field], record.header(H_TRACE_ID), record.timestamp_ms)
             outputs.append(Output(self.output_topic, reading[self.validator.settings.entity_field],
                                   self.codec.encode(reading), headers))
         return outputs
@@ -677,4 +668,4 @@ class IngestValidator(Processor):
         topic = self.output_topic
         return [Output(topic, entity, value, ingest_headers(event_id, _text(record.headers.get(H_TRACE_ID)), record.timestamp_ms))
                 for record, event_id, entity, value
-                in zip(batch, columns["event_id"], columns[self.validator.settings.entity_field], values)]
+                in zip(batch, columns[self.validator.settings.id_field], columns[self.validator.settings.entity_field], values)]

@@ -28,7 +28,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from streams import PROJECT_ROOT
 from streams.errors import StackError
 from streams.settings import StackSettings
 from streams.topology import Topology, load_topology
@@ -103,8 +102,7 @@ class Processors:
         port = self._metrics_port(name, replica)
         if port:
             command += ["--metrics-port", str(port)]
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=PROJECT_ROOT,
-                                start_new_session=True)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.procs[(name, replica)] = proc
         self._write_endpoints()
         return proc

@@ -5,7 +5,9 @@ topic the topology declares (``pm.ingest.telemetry``) is renamed under the
 namespace (``bt1a2b.ingest.telemetry``) wherever it appears — topic keys,
 processor inputs and outputs, rule targets — and the app name becomes the
 prefix, so consumer groups (``<app>.<processor>``) and online-store keys differ
-too. Nothing of the live topology is read as, committed to, or written.
+too. Nothing of the live topology is read as, committed to, or written. The copy may live
+anywhere: it names the app folder it came from (``root:``), so its relative paths (schemas,
+feature sets, models, plugin code) still resolve there.
 """
 
 from __future__ import annotations
@@ -17,9 +19,17 @@ from typing import Any
 import yaml
 
 from streams.errors import TopologyError
+from streams.topology import topology_file
 
 #: An override value that removes the key instead of setting it.
 DELETE = object()
+
+
+def rooted(text: str, folder: Path) -> str:
+    """``text`` of a topology with ``root: <folder>`` after its ``app:`` line, unless it sets a root already."""
+    if yaml.safe_load(text).get("root") is not None:
+        return text
+    return re.sub(r"^(app: .*)$", lambda m: f"{m.group(1)}\nroot: {folder.resolve()}", text, count=1, flags=re.M)
 
 
 def rename_topics(text: str, app: str, topics: list[str], prefix: str) -> str:
@@ -36,7 +46,8 @@ def namespaced(source: Path, prefix: str, target: Path, overrides: dict[str, Any
     """Write ``source`` under namespace ``prefix`` to ``target``; ``overrides`` maps ``a/b/c`` paths to values (or ``DELETE``)."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", prefix):
         raise TopologyError(f"namespace {prefix!r} must be lowercase letters, digits and _ and start with a letter")
-    text = Path(source).read_text()
+    source = topology_file(source)
+    text = rooted(source.read_text(), source.parent)
     doc = yaml.safe_load(text)
     text = rename_topics(text, doc["app"], list(doc.get("topics", {})), prefix)
     if overrides:

@@ -1,7 +1,9 @@
-"""``tangram plan`` / ``tangram apply``: make the broker and the registry match a topology.
+"""``tangram plan`` / ``tangram apply``: make the broker, the registry and the model server match an app.
 
-Idempotent: applying twice changes nothing the second time. Partitions can only
-grow (Kafka cannot shrink a topic); asking for fewer is an error, not a silent note.
+Topics (partitions, configs), schema subjects (with their compatibility level) and the app's
+models (installed into the stack's Triton repository and loaded). Idempotent: applying twice
+changes nothing the second time. Partitions can only grow (Kafka cannot shrink a topic); asking
+for fewer is an error, not a silent note.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from streams.constraints import violations
 from streams.errors import TopologyError
+from streams.lifecycle.repository import install_models, pending_installs
 from streams.schemas_check import load_levels
 from streams.settings import StackSettings
 from streams.topology import Topology
@@ -26,7 +29,7 @@ TIMEOUT_S = 15.0
 
 @dataclass(frozen=True)
 class Change:
-    kind: str  # create-topic | add-partitions | alter-config | set-compatibility | register-schema
+    kind: str  # create-topic | add-partitions | alter-config | set-compatibility | register-schema | install-model
     target: str
     detail: str
 
@@ -40,7 +43,7 @@ def plan(topology: Topology, stack: StackSettings) -> list[Change]:
 
     Refuses first, with every breach listed, a topology whose constraints the runtime cannot honour.
     """
-    breaches = violations(topology, stack.model_repository)
+    breaches = violations(topology)
     from streams.rules.check import rule_problems  # every rule of every rule processor compiles
 
     breaches += rule_problems(topology)
@@ -74,7 +77,7 @@ def plan(topology: Topology, stack: StackSettings) -> list[Change]:
             if diff:
                 changes.append(Change("alter-config", resource.name, ", ".join(f"{k}={current[k].value}→{v}" for k, v in diff.items())))
     registry = SchemaRegistryClient({"url": stack.registry_url, "timeout": TIMEOUT_S})
-    levels = load_levels()
+    levels = load_levels(topology.schema_dir)
     for subject, text in topology.subjects().items():
         try:
             current = registry.get_compatibility(subject)  # the subject's level, else the global one
@@ -84,9 +87,10 @@ def plan(topology: Topology, stack: StackSettings) -> list[Change]:
         except SchemaRegistryError as exc:
             if exc.http_status_code != 404:
                 raise TopologyError(f"registry at {stack.registry_url} failed looking up {subject}: {exc}") from exc
-            changes.append(Change("register-schema", subject, f"schemas/avro/{subject}.avsc"))
+            changes.append(Change("register-schema", subject, str(topology.schema_path(subject))))
         except Exception as exc:  # connection refused and friends
             raise TopologyError(f"cannot reach the schema registry at {stack.registry_url}: {exc}") from exc
+    changes += [Change("install-model", model, detail) for model, detail in pending_installs(topology, stack).items()]
     return changes
 
 
@@ -113,7 +117,7 @@ def apply(topology: Topology, stack: StackSettings) -> list[Change]:
             for _, future in admin.alter_configs([resource]).items():
                 _wait(future, f"alter configs of {c.target}")
     registry = SchemaRegistryClient({"url": stack.registry_url, "timeout": TIMEOUT_S})
-    levels = load_levels()
+    levels = load_levels(topology.schema_dir)
     for c in changes:  # levels first: a new version is then checked under the declared rule
         if c.kind == "set-compatibility":
             try:
@@ -128,6 +132,7 @@ def apply(topology: Topology, stack: StackSettings) -> list[Change]:
                 registry.register_schema(c.target, Schema(text, "AVRO"))
             except SchemaRegistryError as exc:
                 raise TopologyError(f"registry refused {c.target}: {exc}") from exc
+    install_models(topology, stack, [c.target for c in changes if c.kind == "install-model"])
     return changes
 
 

@@ -8,15 +8,17 @@ group that never commits, so the live consumer groups and topics are untouched.
 ``backtest`` runs the topology's processors over a replayed namespace with a
 chosen model version (or several, each in a namespace of its own) in event time,
 as fast as the machine allows, then reports actions per type, agreement between
-versions, precision/recall/F1 against the simulator's ground truth, detection
-delays and score distributions — as a table, JSON and a PNG — with a digest of
-the outputs: the same range through the same version gives the same digest.
+versions, the app's simulator's verdict against its ground truth (for the reference
+app: detections, delays, false alarms, precision/recall/F1) and score distributions —
+as a table, JSON and a PNG — with a digest of the outputs: the same range through
+the same version gives the same digest.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import time
 import uuid
@@ -24,6 +26,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -32,16 +35,17 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from streams.avro import codec
-from streams.demo import score
+from streams.avro import topic_codec
 from streams.errors import TopologyError
 from streams.launcher import Processors, high_watermarks, wait_quiet
 from streams.namespace import DELETE, namespaced
 from streams.plan import apply
 from streams.settings import StackSettings
-from streams.topology import Topology, load_schema, load_topology
+from streams.simulation import Observed, Simulator, build_simulator, flush, producer, run_ticks, send_truth
+from streams.topology import Kind, Topology, load_topology
 
-LABELS_SUBJECT = "pm.sim.labels-value"
+#: A run id names folders and topics: letters, digits, ``_`` and ``-`` only (never a path).
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 @dataclass
@@ -133,32 +137,43 @@ def copy_range(stack: StackSettings, source: str, target: str, ranges: dict[int,
     return copied
 
 
-def _labels_topic(topology: Topology) -> str | None:
-    return next((t for t, s in topology.topics.items() if s.schema_ == LABELS_SUBJECT), None)
+def _truth_topic(topology: Topology) -> str | None:
+    return topology.simulator.truth if topology.simulator else None
+
+
+def _record_time(topology: Topology) -> dict:
+    """Namespace overrides: every ingest processor judges timestamps against the record's time, not now."""
+    return {f"processors/{name}/params/reference_time": "record" for name in topology.processors_of(Kind.INGEST)}
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID.fullmatch(run_id):
+        raise TopologyError(f"run id {run_id!r}: use up to 64 letters, digits, _ and -, starting with a letter or digit")
+    return run_id
 
 
 def replay(stack: StackSettings, topology_path: Path, topic: str | None = None, *, run_id: str | None = None,
            start_offset: int | None = None, end_offset: int | None = None, start_ms: int | None = None,
            end_ms: int | None = None, partitions: list[int] | None = None) -> Run:
-    """Copy a range of ``topic`` (default: the ingest processor's input) into a new namespace."""
+    """Copy a range of ``topic`` (default: the simulator's source topic) into a new namespace."""
     topology = load_topology(topology_path)
-    topic = topic or topology.processors["ingest"].inputs[0]
-    if topic not in topology.topics:
-        raise TopologyError(f"{topic!r} is not a topic of {topology_path}")
-    run_id = run_id or uuid.uuid4().hex[:8]
-    prefix = f"r{run_id}"
+    topic = topic or (topology.simulator.source if topology.simulator else None)
+    if topic is None or topic not in topology.topics:
+        raise TopologyError(f"{topic!r} is not a topic of {topology_path}" if topic else
+                            f"app {topology.app!r} declares no simulator: name the topic to replay (--topic)")
+    run_id = check_run_id(run_id or uuid.uuid4().hex[:8])
+    prefix = f"r{run_id.lower().replace('-', '_')}"
     folder = runs_dir(stack) / run_id
     if folder.exists():
         raise TopologyError(f"replay run {run_id} exists; `tangram replay delete {run_id}` first")
-    ns_path = namespaced(Path(topology_path), prefix, folder / "topology.yaml",
-                         {"processors/ingest/params/reference_time": "record"})
+    ns_path = namespaced(Path(topology_path), prefix, folder / "topology.yaml", _record_time(topology))
     namespace = load_topology(ns_path)
     apply(namespace, stack)
     consumer = _consumer(stack)
     try:
         ranges = resolve_ranges(consumer, topic, topology.partitions(topic), start_offset=start_offset,
                                 end_offset=end_offset, start_ms=start_ms, end_ms=end_ms, only=partitions)
-        labels = _labels_topic(topology)
+        labels = _truth_topic(topology)
         label_ranges = resolve_ranges(consumer, labels, topology.partitions(labels)) if labels else {}
     finally:
         consumer.close()
@@ -176,7 +191,7 @@ def replay(stack: StackSettings, topology_path: Path, topic: str | None = None, 
 
 
 def load_run(stack: StackSettings, run_id: str) -> Run:
-    path = runs_dir(stack) / run_id / "run.json"
+    path = runs_dir(stack) / check_run_id(run_id) / "run.json"
     if not path.exists():
         raise TopologyError(f"no replay run {run_id!r} under {runs_dir(stack)}; `tangram replay list` shows them")
     raw = json.loads(path.read_text())
@@ -211,18 +226,14 @@ class VersionResult:
     version: str
     namespace: str
     events: int
-    seconds: float
+    seconds: float  # copying the range into the version's namespace and running every processor over it
     actions: dict[str, int]
     predictions: int
     labels: dict[str, int]
     scores: list[float]
-    faults: dict[str, dict]
-    false_alarms: int
-    precision: float
-    recall: float
-    f1: float
+    figures: dict[str, Any]  # the app's simulator's verdict (streams.simulation.Scoreboard.figures)
     digest: str
-    verdicts: dict[str, str] = field(default_factory=dict, repr=False)  # device:window_start → label
+    verdicts: dict[str, str] = field(default_factory=dict, repr=False)  # input event id → label
 
     @property
     def rate(self) -> float:
@@ -257,7 +268,10 @@ def _digest(prefix: str, messages: list) -> str:
 
 
 def _progress_until_consumed(stack: StackSettings, topology: Topology, topic: str, total: int, console: Console) -> None:
-    probe = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": topology.group("ingest"),
+    reader = next((n for n, p in topology.processors.items() if topic in p.inputs), None)
+    if reader is None:
+        raise TopologyError(f"no processor of app {topology.app!r} reads the replayed topic {topic!r}")
+    probe = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": topology.group(reader),
                       "enable.auto.commit": False})
     tps = [TopicPartition(topic, p) for p in range(topology.partitions(topic))]
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
@@ -284,11 +298,12 @@ def run_version(stack: StackSettings, run: Run, version: str, console: Console) 
     tag = uuid.uuid4().hex[:4]
     prefix = f"{run.prefix}_{tag}v{''.join(c for c in version if c.isalnum())}"
     folder = runs_dir(stack) / run.run_id
-    path = namespaced(Path(run.source_topology), prefix, folder / f"backtest-{prefix}.yaml", {
-        "processors/ingest/params/reference_time": "record",
-        "processors/inference/params/model_version": version,
-        "processors/inference/params/routing": DELETE,  # one version, no canary or shadow
-    })
+    source_app = load_topology(run.source_topology)
+    overrides: dict[str, Any] = _record_time(source_app)
+    for name in source_app.processors_of(Kind.INFERENCE):  # one version, no canary or shadow
+        overrides[f"processors/{name}/params/model_version"] = version
+        overrides[f"processors/{name}/params/routing"] = DELETE
+    path = namespaced(Path(run.source_topology), prefix, folder / f"backtest-{prefix}.yaml", overrides)
     topology = load_topology(path)
     apply(topology, stack)
     source = load_topology(run.topology)
@@ -297,11 +312,11 @@ def run_version(stack: StackSettings, run: Run, version: str, console: Console) 
         ends = high_watermarks(consumer, source, list(run.copied))
     finally:
         consumer.close()
+    started = time.perf_counter()  # the rate counts the copy into the version's namespace too
     for replayed in run.copied:
         ranges = {tp.partition: (0, end) for tp, end in ends.items() if tp.topic == replayed}
         copy_range(stack, replayed, prefix + replayed[len(run.prefix):], ranges)
-    raw = topology.processors["ingest"].inputs[0]
-    started = time.perf_counter()
+    raw = prefix + run.topic[len(source_app.app):]
     with Processors(path, stack) as processors:
         processors.start()
         processors.wait_joined()
@@ -310,37 +325,28 @@ def run_version(stack: StackSettings, run: Run, version: str, console: Console) 
         wait_quiet(probe, topology, quiet_s=2.0, timeout_s=300)
         probe.close()
     seconds = time.perf_counter() - started
-    action_topics = [t for t in topology.topics if ".actions." in t]
-    prediction_topic = topology.processors["inference"].outputs[0]
-    messages = _read_all(stack, topology, action_topics + [prediction_topic])
-    subject = lambda t: topology.topics[t].schema_  # noqa: E731
-    decoded = {t: codec(stack.registry_url, subject(t), load_schema(subject(t))) for t in action_topics + [prediction_topic]}
-    actions = [decoded[m.topic()].decode(m.value()) for m in messages if m.topic() in action_topics]
-    predictions = [decoded[prediction_topic].decode(m.value()) for m in messages if m.topic() == prediction_topic]
-    labels_topic = _labels_topic(topology)
-    labels: list[dict] = []
-    if labels_topic:
-        label_codec = codec(stack.registry_url, LABELS_SUBJECT, load_schema(LABELS_SUBJECT))
-        latest = {}
-        for m in _read_all(stack, topology, [labels_topic]):
-            record = label_codec.decode(m.value())
-            latest[record["device_id"]] = record
-        seen = {p["device_id"] for p in predictions} | {a["device_id"] for a in actions}
-        labels = [r for d, r in latest.items() if d in seen]
-    faults, false_alarms, _ = score(labels, actions, [])
-    tp = sum(f["detected"] for k, f in faults.items() if k in ("bearing_wear", "overheating", "sensor_dropout"))
-    fn = sum(f["missed"] for k, f in faults.items() if k in ("bearing_wear", "overheating", "sensor_dropout"))
-    fp = len({a["device_id"] for a in false_alarms})
-    precision = tp / (tp + fp) if tp + fp else 0.0
-    recall = tp / (tp + fn) if tp + fn else 0.0
+    action_topics = list(dict.fromkeys(t for p in topology.processors_of(Kind.RULES).values() for t in p.outputs))
+    prediction_topics = list(dict.fromkeys(p.outputs[0] for p in topology.processors_of(Kind.INFERENCE).values()))
+    messages = _read_all(stack, topology, action_topics + prediction_topics)
+    decoded = {t: topic_codec(topology, stack.registry_url, t) for t in action_topics + prediction_topics}
+    actions = [{**decoded[m.topic()].decode(m.value()), "_topic": m.topic()} for m in messages if m.topic() in action_topics]
+    predictions = [decoded[m.topic()].decode(m.value()) for m in messages if m.topic() in prediction_topics]
+    truth: list[dict] = []
+    if truth_topic := _truth_topic(topology):
+        truth_codec = topic_codec(topology, stack.registry_url, truth_topic)
+        latest = {m.key(): truth_codec.decode(m.value()) for m in _read_all(stack, topology, [truth_topic])}
+        seen = {m.key() for m in messages}
+        truth = [record for key, record in latest.items() if key in seen]
+    simulator = build_simulator(topology)
+    board = simulator.score(Observed(start_ms=0, truth=truth, actions=actions, predictions=predictions))
     return VersionResult(
         version=version, namespace=prefix, events=run.records, seconds=seconds,
         actions=dict(Counter(a["action_type"] for a in actions)), predictions=len(predictions),
         labels=dict(Counter(p["label"] for p in predictions)), scores=[p["score"] for p in predictions],
-        faults=faults, false_alarms=len(false_alarms), precision=precision, recall=recall,
-        f1=2 * precision * recall / (precision + recall) if precision + recall else 0.0,
+        figures=board.figures,
         digest=_digest(prefix, [m for m in messages if m.topic() in action_topics]),
-        verdicts={f"{p['device_id']}:{p['window_start']}": p["label"] for p in predictions},
+        # the prediction's id is <model>:<version>:<input event id>: versions agree or not on the same input
+        verdicts={p["event_id"].split(":", 2)[-1]: p["label"] for p in predictions},
     )
 
 
@@ -378,7 +384,7 @@ def _plot(results: list[VersionResult], target: Path) -> None:
     bins = np.linspace(0, 1, 21)
     for r in results:
         left.hist(r.scores, bins=bins, alpha=0.5, label=f"v{r.version}")
-    left.set(title="anomaly score distribution", xlabel="score = 1 - P(healthy)", ylabel="windows", yscale="log")
+    left.set(title="score distribution", xlabel="prediction score", ylabel="predictions", yscale="log")
     left.legend()
     kinds = sorted({k for r in results for k in r.actions})
     width = 0.8 / max(1, len(results))
@@ -397,16 +403,14 @@ def print_report(run: Run, results: list[VersionResult], agreements: dict[str, f
     table.add_column("")
     for r in results:
         table.add_column(f"model v{r.version}", justify="right")
+    shown = [k for k in dict.fromkeys(k for r in results for k in r.figures)
+             if all(isinstance(r.figures.get(k, ""), (str, int, float)) for r in results)]
     rows = [
         ("events/s", lambda r: f"{r.rate:,.0f}"),
         ("predictions", lambda r: f"{r.predictions:,}"),
         *[(f"actions: {k}", (lambda k: lambda r: f"{r.actions.get(k, 0):,}")(k))
           for k in sorted({k for r in results for k in r.actions})],
-        *[(f"detected {f}", (lambda f: lambda r: f"{r.faults.get(f, {}).get('detected', 0)}/{r.faults.get(f, {}).get('devices', 0)}")(f))
-          for f in ("bearing_wear", "overheating", "sensor_dropout") if any(f in r.faults for r in results)],
-        ("median detection delay", lambda r: (f"{np.median(d):.1f}s" if (d := [x for f in r.faults.values() for x in f["delays_s"]]) else "-")),
-        ("false alarms", lambda r: str(r.false_alarms)),
-        ("precision / recall / F1", lambda r: f"{r.precision:.2f} / {r.recall:.2f} / {r.f1:.2f}"),
+        *[(k, (lambda k: lambda r: str(r.figures.get(k, "-")))(k)) for k in shown],
         ("digest of actions", lambda r: r.digest[:16]),
     ]
     for name, cell in rows:
@@ -416,38 +420,17 @@ def print_report(run: Run, results: list[VersionResult], agreements: dict[str, f
         console.print(f"agreement of window labels, {pair}: {value:.1%}")
 
 
-def simulate_history(stack: StackSettings, topology: Topology, fleet, seconds: float, end_ms: int | None = None) -> tuple[int, int]:
-    """Produce ``seconds`` of ``fleet`` telemetry ending at ``end_ms`` (default now) as fast as possible.
+def simulate_history(stack: StackSettings, simulator: Simulator, seconds: float,
+                     end_ms: int | None = None) -> tuple[int, int]:
+    """Produce ``seconds`` of the simulator's events ending at ``end_ms`` (default now), as fast as possible.
 
-    Record timestamps follow the simulated clock, as if the readings had arrived live; the
-    ground truth goes to the labels topic. Returns (readings, start_ms).
+    Record timestamps follow the simulated clock, as if the events had arrived live; the ground
+    truth goes to the truth topic. Returns (events, start_ms).
     """
     end_ms = end_ms or int(time.time() * 1000)
     start_ms = end_ms - int(seconds * 1000)
-    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 20, "compression.type": "lz4"})
-    labels_topic = _labels_topic(topology)
-    if labels_topic:
-        label_codec = codec(stack.registry_url, LABELS_SUBJECT, load_schema(LABELS_SUBJECT))
-        for label in fleet.labels(start_ms):
-            producer.produce(labels_topic, label_codec.encode(label), label["device_id"])
-    raw = topology.processors["ingest"].inputs[0]
-    sent = 0
-    per_step = len(fleet.devices)
-
-    def send(key: str, value: bytes) -> None:
-        nonlocal sent
-        ts = start_ms + int(sent // per_step * 1000 / fleet.hz)
-        while True:
-            try:
-                producer.produce(raw, value, key, timestamp=ts)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        sent += 1
-
-    for _ in fleet.run(send, seconds, start_ms, realtime=False):
-        producer.poll(0)
-    if producer.flush(60):
-        raise TopologyError("simulated history was not acknowledged by Kafka")
+    out = producer(stack, **{"linger.ms": 20})
+    send_truth(stack, simulator, start_ms, out)
+    sent = sum(len(events) for events in run_ticks(simulator, out, seconds, start_ms, realtime=False, timestamps=True))
+    flush(out, 60)
     return sent, start_ms

@@ -1,4 +1,4 @@
-"""Run one processor of a topology: ``tangram run topologies/x.yaml NAME``."""
+"""Run one processor of an app: ``tangram run topologies/my_app NAME``."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ log = logging.getLogger("tangram.run")
 def build_processor(topology: Topology, name: str, stack: StackSettings) -> Processor:
     if name not in topology.processors:
         raise TopologyError(f"topology {topology.app!r} has no processor {name!r}; it has {', '.join(topology.processors)}")
-    cls = topology.processors[name].load_class()
+    cls = topology.load_object(topology.processors[name].kind)
     if not (isinstance(cls, type) and issubclass(cls, Processor)):
-        raise TopologyError(f"processor {name!r}: {cls!r} is not a streams.delivery.Processor")
+        raise TopologyError(f"processor {name!r}: {cls!r} is not a streams.delivery.Processor (or streams.stage.Stage)")
     processor = cls.build(BuildContext(topology, name, stack))
     processor.name = name
     return processor

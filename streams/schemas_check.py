@@ -1,8 +1,8 @@
-"""``tangram schemas check``: no incompatible change to a data contract reaches a deploy.
+"""``tangram schemas check APP``: no incompatible change to a data contract reaches a deploy.
 
-Every ``schemas/avro/<subject>.avsc`` is checked under its subject's compatibility level
-(``schemas/avro/compatibility.yaml``, BACKWARD by default) against the earlier versions of the
-same subject, taken either
+Every ``<subject>.avsc`` of an app's schema folder (its topology's ``schemas:``) is checked under
+its subject's compatibility level (``compatibility.yaml`` in that folder, BACKWARD by default)
+against the earlier versions of the same subject, taken either
 
 * from git (default): every distinct committed version of the file, oldest first, the working
   copy being the candidate (when the working copy equals the last commit, that commit is the
@@ -27,18 +27,16 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from streams import PROJECT_ROOT
 from streams.errors import SchemaError
 from streams.registry.compatibility import LEVELS, check_level, parse
 
 log = logging.getLogger("tangram.schemas")
 
-SCHEMA_DIR = PROJECT_ROOT / "schemas" / "avro"
 LEVELS_FILE = "compatibility.yaml"
 
 
 class CompatibilityConfig(BaseModel):
-    """``schemas/avro/compatibility.yaml``: the level of each subject."""
+    """``compatibility.yaml`` beside the schemas: the level of each subject."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -65,7 +63,7 @@ def _known(level: str) -> str:
     return level.upper()
 
 
-def load_levels(schema_dir: Path = SCHEMA_DIR) -> CompatibilityConfig:
+def load_levels(schema_dir: Path) -> CompatibilityConfig:
     """The declared levels; every subject named must have its ``.avsc`` file."""
     path = schema_dir / LEVELS_FILE
     if not path.is_file():
@@ -105,7 +103,7 @@ class History(ABC):
 class GitHistory(History):
     """Earlier versions are the file's distinct committed versions (``git log --follow``)."""
 
-    def __init__(self, repo: Path = PROJECT_ROOT, ref: str = "HEAD"):
+    def __init__(self, repo: Path, ref: str = "HEAD"):
         self.repo = repo
         self.ref = ref
         probe = self._git("rev-parse", "--verify", f"{ref}^{{commit}}", check=False)
@@ -114,6 +112,15 @@ class GitHistory(History):
                 f"cannot read git history at {ref!r} in {repo}: {probe.stderr.strip() or probe.stdout.strip()}; "
                 "run inside a git checkout, or compare with a registry (`tangram schemas check --registry URL`)"
             )
+
+    @classmethod
+    def around(cls, path: Path, ref: str = "HEAD") -> "GitHistory":
+        """The history of the git checkout that holds ``path``."""
+        top = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        if top.returncode != 0:
+            raise SchemaError(f"{path} is not inside a git checkout ({top.stderr.strip()}); compare with a registry "
+                              "(`tangram schemas check APP --registry URL`)")
+        return cls(Path(top.stdout.strip()), ref)
 
     def _git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run(["git", "-C", str(self.repo), *args], capture_output=True, text=True)
@@ -175,7 +182,7 @@ def _valid(subject: str, text: str) -> bool:
     return True
 
 
-def check_schemas(history: History, schema_dir: Path = SCHEMA_DIR, subjects: list[str] | None = None) -> list[SubjectReport]:
+def check_schemas(history: History, schema_dir: Path, subjects: list[str] | None = None) -> list[SubjectReport]:
     """Check every subject (or those named) in ``schema_dir``; one report per subject."""
     levels = load_levels(schema_dir)
     files = sorted(schema_dir.glob("*.avsc"))

@@ -10,10 +10,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from streams import PROJECT_ROOT
+
+def sibling_env(name: str) -> Path:
+    """The interpreter of the environment ``name`` beside the running one (``.venv`` → ``.venv-triton``)."""
+    return Path(sys.prefix).parent / name / "bin" / "python"
 
 
 class StackSettings(BaseSettings):
@@ -21,7 +24,8 @@ class StackSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TANGRAM_", frozen=True, extra="forbid")
 
-    home: Path = Field(PROJECT_ROOT / ".tangram", description="State, logs and pid files of the stack.")
+    home: Path = Field(default_factory=lambda: Path.home() / ".tangram",
+                       description="State, logs, pid files and the model repository of the local stack.")
     host: str = Field("127.0.0.1", description="Every component listens on this address only.")
     kafka_host: str | None = Field(None, description="Where clients reach Kafka, if not `host` (e.g. `kafka` in docker-compose).")
     registry_host: str | None = Field(None, description="Where clients reach the schema registry, if not `host`.")
@@ -35,15 +39,24 @@ class StackSettings(BaseSettings):
     triton_grpc_port: int = Field(8001, description="Triton gRPC endpoint.")
     triton_metrics_port: int = Field(8002, description="Triton Prometheus metrics.")
     triton_python: Path = Field(
-        PROJECT_ROOT / ".venv-triton" / "bin" / "python",
+        default_factory=lambda: sibling_env(".venv-triton"),
         description="Interpreter of the model-server environment (nvidia-pytriton, numpy<2).",
     )
+    flink_python: Path = Field(default_factory=lambda: sibling_env(".venv-flink"),
+                               description="Interpreter of the Flink job environment (apache-flink).")
     app_python: Path = Field(Path(sys.executable), description="Interpreter of the application environment.")
     model_repository: Path = Field(
-        PROJECT_ROOT / "inference_workers" / "model_repository",
-        description="Triton model repository (<model>/config.pbtxt, <model>/<version>/model.onnx).",
+        default_factory=lambda fields: fields["home"] / "models",
+        description="The stack's Triton model repository, where `tangram apply` installs each app's models "
+                    "(default: <home>/models).",
     )
     start_timeout_s: float = Field(90.0, description="How long each component may take to become ready.")
+
+    @field_validator("home", "model_repository", "triton_python", "flink_python", "app_python")
+    @classmethod
+    def _absolute(cls, path: Path) -> Path:
+        """Paths fixed when the settings are made, so that a process started elsewhere finds the same stack."""
+        return path.absolute()
 
     @property
     def bootstrap_servers(self) -> str:

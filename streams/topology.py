@@ -1,27 +1,44 @@
 """Topologies: the declarative, executable description of an application.
 
-A topology file (``topologies/*.yaml``) declares the topics (partitions, retention,
-compaction, their Avro subject) and the processors with their inputs and outputs.
-``tangram plan`` / ``tangram apply`` make the broker and the schema registry match it;
-``tangram run NAME`` runs one processor of it. Later constraints (rates, SLAs,
-timeouts) are added as fields of these same models.
+An application is a folder (``topologies/predictive_maintenance/``) whose ``topology.yaml``
+declares the topics (partitions, retention, compaction, their Avro subject), the processors
+with their inputs and outputs and constraints, and where the app's other declarations are:
+its Avro schemas (``schemas:``), its Triton model repository (``models:``), its feature sets
+(in processor ``params``) and its optional plugin code (a simulator, custom stages), all as
+paths relative to the app folder. The runtime imports no application: plugin code is
+imported from the app folder by ``module:attr`` references (:meth:`Topology.load_object`).
+
+``tangram plan`` / ``tangram apply`` make the broker, the schema registry and the model
+server match it; ``tangram run APP NAME`` runs one processor of it.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from streams import PROJECT_ROOT
 from streams.errors import TopologyError
 from streams.yamlfile import load_model
 
-SCHEMA_DIR = PROJECT_ROOT / "schemas" / "avro"
+#: The file that makes a folder an application: ``tangram apply topologies/predictive_maintenance``.
+TOPOLOGY_FILE = "topology.yaml"
+
+
+class Kind:
+    """The ``kind`` of the runtime's own processors, for the tools that find them by role (replay, trace, verify)."""
+
+    INGEST = "streams.ingest:IngestValidator"
+    FEATURES = "streams.features:WindowFeatures"
+    INFERENCE = "inference_workers.worker:InferenceWorker"
+    RULES = "streams.rules:RuleProcessor"
+    DRIFT = "streams.monitor:DriftMonitor"
+    CANARY = "streams.lifecycle.canary_job:CanaryJob"
 
 
 class _Model(BaseModel):
@@ -131,13 +148,6 @@ class ProcessorSpec(_Model):
     calls: list[ExternalCall] = Field(default_factory=list, description="Every call outside Kafka, with its deadline.")
     evolution: EvolutionConstraints = EvolutionConstraints()
 
-    def load_class(self) -> type:
-        module_name, _, attr = self.kind.partition(":")
-        try:
-            return getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise TopologyError(f"processor kind {self.kind!r} cannot be imported: {exc}") from exc
-
 
 class Sla(_Model):
     """The end-to-end promise: from a record entering ``source`` to its consequence on ``sink``."""
@@ -160,9 +170,33 @@ class GatewaySpec(_Model):
     params: dict[str, Any] = Field(default_factory=dict, description="Overrides of the processor's params (e.g. `rate_limits`).")
 
 
+class ModelsSpec(_Model):
+    """The app's Triton model repository and how its artifacts are made."""
+
+    repository: str = Field("model_repository", description="Folder of the app's models (`<model>/config.pbtxt`, "
+                                                             "`<model>/<version>/...`), relative to the app folder.")
+    build: str | None = Field(None, description="`module:function` of the app's plugin code that writes the model "
+                                                "artifacts into a repository folder (`tangram models build`).")
+
+
+class SimulatorSpec(_Model):
+    """The app's simulator: events with ground truth that the demo, verify and benchmarks drive it with."""
+
+    kind: str = Field(description="`module:Class` of the app's plugin code, a streams.simulation.Simulator.")
+    source: str = Field(description="The topic the simulated producers write to.")
+    truth: str | None = Field(None, description="Topic the simulator writes its ground truth to, if any.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Validated by the simulator's own settings.")
+
+
 class Topology(_Model):
     app: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     description: str = ""
+    root: Path | None = Field(None, description="The app folder every relative path resolves against; "
+                                                "default: the folder of the topology file.")
+    schemas: str = Field("schemas", description="Folder of the app's Avro schemas (`<subject>.avsc`), "
+                                                "relative to the app folder.")
+    models: ModelsSpec = ModelsSpec()
+    simulator: SimulatorSpec | None = None
     defaults: Defaults = Defaults()
     sla: Sla | None = None
     topics: dict[str, TopicSpec]
@@ -186,9 +220,57 @@ class Topology(_Model):
             if len(proc.outputs) != 1 or not proc.dlq or not self.topics[proc.outputs[0]].schema_:
                 raise ValueError(f"gateway {stream!r}: processor {gateway.processor!r} needs one Avro output and a `dlq:`")
         for topic, spec in self.topics.items():
-            if spec.schema_ and not (SCHEMA_DIR / f"{spec.schema_}.avsc").is_file():
-                raise ValueError(f"topic {topic!r}: no schema file schemas/avro/{spec.schema_}.avsc")
+            if spec.schema_ and not self.schema_path(spec.schema_).is_file():
+                raise ValueError(f"topic {topic!r}: no schema file {self.schema_path(spec.schema_)}")
+        if self.simulator:
+            for topic in (self.simulator.source, self.simulator.truth):
+                if topic and topic not in self.topics:
+                    raise ValueError(f"simulator names topic {topic!r}, which is not declared under `topics`")
         return self
+
+    # -- the app folder ----------------------------------------------------------------
+    @property
+    def folder(self) -> Path:
+        """The app folder (``root``, else the working directory for a topology built in code)."""
+        return self.root or Path.cwd()
+
+    def path(self, relative: str | Path) -> Path:
+        """``relative`` resolved against the app folder (an absolute path stays as it is)."""
+        return (self.folder / relative).resolve()
+
+    @property
+    def schema_dir(self) -> Path:
+        return self.path(self.schemas)
+
+    @property
+    def model_repository(self) -> Path:
+        return self.path(self.models.repository)
+
+    def schema_path(self, subject: str) -> Path:
+        return self.schema_dir / f"{subject}.avsc"
+
+    def schema(self, subject: str) -> dict:
+        """The parsed JSON of the app's ``<subject>.avsc``."""
+        try:
+            return json.loads(self.schema_path(subject).read_text())
+        except (OSError, ValueError) as exc:
+            raise TopologyError(f"schema {subject!r} of app {self.app!r}: {exc}") from exc
+
+    def load_object(self, reference: str) -> Any:
+        """``module:attr`` imported with the app folder on the import path (the app's plugin code).
+
+        The runtime's own classes (``streams.ingest:IngestValidator``) import the same way.
+        """
+        module_name, sep, attr = reference.partition(":")
+        if not sep or not module_name or not attr:
+            raise TopologyError(f"{reference!r} is not a `module:attr` reference")
+        folder = str(self.folder)
+        if folder not in sys.path:
+            sys.path.append(folder)  # after the installed packages: an app never shadows the runtime
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise TopologyError(f"{reference!r} cannot be imported from app {self.app!r} ({folder}): {exc}") from exc
 
     def partitions(self, topic: str) -> int:
         return self.topics[topic].partitions or self.defaults.partitions
@@ -196,26 +278,34 @@ class Topology(_Model):
     def replication(self, topic: str) -> int:
         return self.topics[topic].replication_factor or self.defaults.replication_factor
 
+    def processors_of(self, kind: str) -> dict[str, ProcessorSpec]:
+        """The processors of one kind (``Kind.RULES``, or an app's ``module:Class``), in declaration order."""
+        return {name: spec for name, spec in self.processors.items() if spec.kind == kind}
+
     def group(self, processor: str) -> str:
         return self.processors[processor].group or f"{self.app}.{processor}"
 
     def subjects(self) -> dict[str, str]:
         """Avro subject → schema text, for every topic that has one."""
-        return {
-            spec.schema_: (SCHEMA_DIR / f"{spec.schema_}.avsc").read_text()
-            for spec in self.topics.values()
-            if spec.schema_
-        }
+        return {spec.schema_: self.schema_path(spec.schema_).read_text()
+                for spec in self.topics.values() if spec.schema_}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_defaults=True), sort_keys=False)
 
 
+def topology_file(path: str | Path) -> Path:
+    """The topology file of ``path``: an app folder's ``topology.yaml``, or the file itself."""
+    path = Path(path)
+    return path / TOPOLOGY_FILE if path.is_dir() else path
+
+
 def load_topology(path: str | Path) -> Topology:
-    """Read and validate a topology file; errors name the file and the offending field."""
-    return load_model(Path(path), Topology, "topology")
+    """Read and validate an app's topology (its folder or its file); errors name the file and the field.
 
-
-def load_schema(subject: str) -> dict:
-    """The parsed JSON of ``schemas/avro/<subject>.avsc``."""
-    return json.loads((SCHEMA_DIR / f"{subject}.avsc").read_text())
+    Relative paths in it resolve against ``root:`` when the file sets one (relative to the file),
+    else against the folder the file is in.
+    """
+    path = topology_file(path).resolve()
+    return load_model(path, Topology, "topology",
+                      fill=lambda raw: {**raw, "root": str((path.parent / raw.get("root", ".")).resolve())})

@@ -1,9 +1,10 @@
-"""``tangram trace EVENT_ID``: the path of one reading through every stage, with per-stage times.
+"""``tangram trace APP EVENT_ID``: the path of one event through every stage, with per-stage times.
 
-It follows the reading as the data does: the raw record (its JSON carries the
+It follows the event as the data does: the raw record (its value carries the
 ``event_id``) → the validated record on the ingest topic (``event_id`` header) or
-its dead letter → the feature window of its device that contains its event time
-→ the prediction for that window → the actions decided on it. Each hop shows
+its dead letter → the window of its entity (the record key) that contains its event
+time (the ingest processor's declared ``time_field``) → the prediction for that window
+→ the actions decided on it. Each hop shows
 the record's place (``topic[partition]@offset``), its produce time, the time
 since the reading entered Kafka, and its ``trace_id``/``traceparent`` header.
 Topics are read with ``assign`` from a little before the reading; nothing is committed.
@@ -20,10 +21,12 @@ from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from streams.avro import codec
+from streams.avro import topic_codec
 from streams.errors import TopologyError
+from streams.ingest import IngestSettings
+from streams.rules.spec import RulesSettings
 from streams.settings import StackSettings
-from streams.topology import Topology, load_schema
+from streams.topology import Kind, Topology
 
 
 @dataclass(frozen=True)
@@ -70,10 +73,11 @@ def _hop(stage: str, msg, detail: str) -> Hop:
 
 
 def trace(stack: StackSettings, topology: Topology, event_id: str, lookback_s: float = 3600.0) -> list[Hop]:
-    """Every hop of ``event_id``'s reading, in order. Raises TopologyError when the reading is not found."""
-    ingest = topology.processors.get("ingest")
-    if ingest is None:
-        raise TopologyError("tracing follows the `ingest` processor's records; this topology has none")
+    """Every hop of ``event_id``'s event, in order. Raises TopologyError when the event is not found."""
+    ingests = topology.processors_of(Kind.INGEST)
+    if not ingests:
+        raise TopologyError(f"tracing follows an ingest processor's records; app {topology.app!r} has none")
+    ingest_name, ingest = next(iter(ingests.items()))
     since = int(time.time() * 1000 - lookback_s * 1000)
     needle = event_id.encode()
     raw = _scan(stack, topology, ingest.inputs[0], since, lambda m: m.value() is not None and needle in m.value())
@@ -89,13 +93,12 @@ def trace(stack: StackSettings, topology: Topology, event_id: str, lookback_s: f
             h = _headers(msg)
             hops.append(_hop("ingest → DLQ", msg, f"{h.get('dlq.reason')}: {h.get('dlq.error_message', '')[:80]}"))
         return hops
-    record_codec = codec(stack.registry_url, topology.topics[ingest.outputs[0]].schema_,
-                         load_schema(topology.topics[ingest.outputs[0]].schema_))
-    reading = record_codec.decode(accepted[0].value())
-    device, ts = reading["device_id"], reading["ts"]
-    hops.append(_hop("ingest", accepted[0], f"{device} ts={ts}"))
-    key = device.encode()
-    stages = [(n, p) for n, p in topology.processors.items() if n != "ingest"]
+    reading = topic_codec(topology, stack.registry_url, ingest.outputs[0]).decode(accepted[0].value())
+    fields = IngestSettings.model_validate(ingest.params)
+    entity, ts = reading[fields.entity_field], reading[fields.time_field]
+    hops.append(_hop(ingest_name, accepted[0], f"{entity} {fields.time_field}={ts}"))
+    key = str(entity).encode()
+    stages = [(n, p) for n, p in topology.processors.items() if n != ingest_name]
     windows: list[dict] = []
     for name, spec in stages:  # the window processor: reads the ingest topic
         if ingest.outputs[0] not in spec.inputs or not spec.outputs:
@@ -104,7 +107,7 @@ def trace(stack: StackSettings, topology: Topology, event_id: str, lookback_s: f
         subject = topology.topics[out].schema_
         if not subject:
             continue
-        c = codec(stack.registry_url, subject, load_schema(subject))
+        c = topic_codec(topology, stack.registry_url, out)
         for msg in _scan(stack, topology, out, since, lambda m: m.key() == key):
             w = c.decode(msg.value())
             if w.get("window_start", ts + 1) <= ts < w.get("window_end", ts):
@@ -112,24 +115,23 @@ def trace(stack: StackSettings, topology: Topology, event_id: str, lookback_s: f
                 hops.append(_hop(name, msg, f"window [{w['window_start']}, {w['window_end']}) of {w.get('count', '?')} readings"))
         feature_topic = out
         for pname, pspec in stages:  # the model: reads the feature topic
-            if feature_topic not in pspec.inputs or pspec.kind.split(":")[0] != "inference_workers.worker":
+            if feature_topic not in pspec.inputs or pspec.kind != Kind.INFERENCE:
                 continue
             pout = pspec.outputs[0]
-            pc = codec(stack.registry_url, topology.topics[pout].schema_, load_schema(topology.topics[pout].schema_))
+            pc = topic_codec(topology, stack.registry_url, pout)
             starts = {w["window_start"] for w in windows}
             for msg in _scan(stack, topology, pout, since, lambda m: m.key() == key):
                 p = pc.decode(msg.value())
                 if p["window_start"] in starts:
                     hops.append(_hop(pname, msg, f"{p['label']} score={p['score']:.3f} model v{p['model_version']}"))
     ends = {w["window_end"] for w in windows}
-    for name, spec in stages:
+    for name, spec in topology.processors_of(Kind.RULES).items():
+        time_field = RulesSettings.model_validate(spec.params).time_field
         for topic in spec.outputs:
-            if ".actions." not in topic or not topology.topics[topic].schema_:
-                continue
-            ac = codec(stack.registry_url, topology.topics[topic].schema_, load_schema(topology.topics[topic].schema_))
+            ac = topic_codec(topology, stack.registry_url, topic)
             for msg in _scan(stack, topology, topic, since, lambda m: m.key() == key):
                 a = ac.decode(msg.value())
-                if a.get("window_end") in ends:
+                if a.get(time_field) in ends:
                     hops.append(_hop(name, msg, f"{a['action_type']} by rule {a['rule']} ({a.get('degradation_level', 'L0')})"))
     return sorted(hops, key=lambda h: h.timestamp_ms)
 

@@ -1,23 +1,23 @@
 """``tangram verify``: the seeds' four-step verification against the running stack.
 
-1. protocol handshake — a sample reading through the ingest path is accepted,
+1. protocol handshake — a sample event through the ingest path is accepted,
    a malformed one is rejected to the DLQ with its reason;
 2. service connectivity — every external call a processor declares (Triton,
    Redis, the registry) and the broker answer within the declared timeout, and
    the model Triton serves matches its contract;
-3. end-to-end chain — readings of a machine with a worn bearing yield a
-   maintenance action within the topology's SLA;
-4. load and chaos — readings at the declared baseline rate while one processor
+3. end-to-end chain — an incident (a machine with a worn bearing, a forged
+   document) yields an action on the SLA's sink within the topology's SLA;
+4. load and chaos — events at the declared baseline rate while one processor
    is killed with SIGKILL and restarted: nothing lost, SLA held or the breach reported.
 
 Each check prints what was declared beside what was measured. ``verify`` starts
 the topology's processors itself (as the demo does) so that step 4 can kill one.
-The probes speak the reference application's telemetry contract.
+The events come from the app's simulator (``streams.simulation``): its probe, its
+incident and its load, in the app's own contract.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.request
 import uuid
@@ -31,12 +31,13 @@ from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.table import Table
 
-from streams.avro import codec
+from streams.avro import topic_codec
 from streams.launcher import Processors, high_watermarks, wait_quiet
 from streams.plan import apply
+from streams.errors import TopologyError
 from streams.settings import StackSettings
-from streams.simulator import SENSORS, Device
-from streams.topology import Topology, load_schema, load_topology
+from streams.simulation import build_simulator, flush, producer, run_ticks
+from streams.topology import Kind, Topology, load_topology
 
 
 @dataclass(frozen=True)
@@ -89,19 +90,6 @@ def _header(msg, name: str) -> str:
     return dict(msg.headers() or []).get(name, b"").decode("utf-8", "replace")
 
 
-def _readings(device: Device, start_ms: int, seconds: float, hz: float, rng: np.random.Generator, t0_s: float = 0.0) -> list[tuple[str, bytes, str]]:
-    """(key, JSON value, event_id) for ``seconds`` of ``device``'s readings from ``start_ms``."""
-    t = t0_s + np.arange(int(seconds * hz)) / hz
-    values = device.sample(t, rng)
-    out = []
-    for k, row in enumerate(values):
-        event_id = uuid.uuid4().hex
-        reading = {"event_id": event_id, "device_id": device.device_id, "ts": start_ms + int(k * 1000 / hz)}
-        reading.update({s: None if np.isnan(v) else float(v) for s, v in zip(SENSORS, row)})
-        out.append((device.device_id, json.dumps(reading).encode(), event_id))
-    return out
-
-
 class Verifier:
     def __init__(self, topology_path: Path, stack: StackSettings, console: Console):
         self.path = Path(topology_path)
@@ -109,36 +97,42 @@ class Verifier:
         self.stack = stack
         self.console = console
         apply(self.topology, stack)  # idempotent: topics and subjects exist before any probe
-        self.rng = np.random.default_rng(int(time.time()))
-        ingest = self.topology.processors["ingest"]
-        self.raw, self.accepted, self.dlq = ingest.inputs[0], ingest.outputs[0], ingest.dlq
-        self.sink = self.topology.sla.sink if self.topology.sla else next(t for t in self.topology.topics if ".actions." in t)
+        self.simulator = build_simulator(self.topology, entities=1, seed=int(time.time()))
+        self.raw = self.topology.simulator.source  # build_simulator checked there is one
+        ingest = next((p for p in self.topology.processors.values() if self.raw in p.inputs), None)
+        if ingest is None or not ingest.outputs or not ingest.dlq:
+            raise TopologyError(f"verify follows the processor reading {self.raw!r} (with an output and a DLQ); "
+                                f"app {self.topology.app!r} has none")
+        self.accepted, self.dlq = ingest.outputs[0], ingest.dlq
+        rules = [t for p in self.topology.processors_of(Kind.RULES).values() for t in p.outputs]
+        if self.topology.sla is None and not rules:
+            raise TopologyError(f"verify's chain ends at the SLA's sink or a rule processor's output; app "
+                                f"{self.topology.app!r} declares neither")
+        self.sink = self.topology.sla.sink if self.topology.sla else rules[0]
         self.sla_ms = self.topology.sla.p99_ms if self.topology.sla else None
         self.producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "linger.ms": 2})
-        subject = self.topology.topics[self.sink].schema_
-        self.action_codec = codec(stack.registry_url, subject, load_schema(subject))
+        self.action_codec = topic_codec(self.topology, stack.registry_url, self.sink)
 
     # -- step 1 -------------------------------------------------------------------
     def protocol(self) -> list[Check]:
         reader = _Reader(self.stack, self.topology, [self.accepted, self.dlq])
-        device = Device.random(f"verify-{uuid.uuid4().hex[:6]}", self.rng)
-        key, value, event_id = _readings(device, int(time.time() * 1000), 0.1, 10.0, self.rng)[0]
+        valid, malformed, expected = self.simulator.probe(int(time.time() * 1000))
         sent = time.monotonic()
-        self.producer.produce(self.raw, value, key)
-        self.producer.produce(self.raw, value[:-9], key)  # truncated JSON
+        self.producer.produce(self.raw, valid.value, valid.key)
+        self.producer.produce(self.raw, malformed.value, malformed.key)
         self.producer.flush(10)
-        ok = reader.until(lambda m: m.topic() == self.accepted and _header(m, "event_id") == event_id, 15)
+        ok = reader.until(lambda m: m.topic() == self.accepted and _header(m, "event_id") == valid.event_id, 15)
         accepted_ms = (time.monotonic() - sent) * 1000
-        bad = reader.until(lambda m: m.topic() == self.dlq and m.key() == key.encode(), 15)
+        bad = reader.until(lambda m: m.topic() == self.dlq and m.key() == malformed.key.encode(), 15)
         rejected_ms = (time.monotonic() - sent) * 1000
         reader.close()
         reason = _header(bad, "dlq.reason") if bad else "-"
         return [
-            Check("1 protocol", f"valid reading {self.raw} → {self.accepted}", "accepted as Avro",
+            Check("1 protocol", f"valid event {self.raw} → {self.accepted}", "accepted in its contract",
                   f"accepted in {accepted_ms:.0f} ms" if ok else "not accepted within 15 s", ok is not None),
-            Check("1 protocol", f"truncated JSON → {self.dlq}", "rejected with a reason",
+            Check("1 protocol", f"malformed event → {self.dlq}", f"rejected as {expected}",
                   f"rejected ({reason}) in {rejected_ms:.0f} ms" if bad else "not in the DLQ within 15 s",
-                  bad is not None and reason == "bad_json"),
+                  bad is not None and reason == expected),
         ]
 
     # -- step 2 -------------------------------------------------------------------
@@ -176,62 +170,56 @@ class Verifier:
         from inference_workers.worker import InferenceWorker
         from streams.context import BuildContext
 
-        name = next(n for n, p in self.topology.processors.items() if p.kind.startswith("inference_workers"))
-        worker = InferenceWorker.build(BuildContext(self.topology, name, self.stack))
-        try:
-            worker.setup()  # reads metadata + config, raises naming the field that differs
-        finally:
-            worker.close()
-        return f"model '{worker.settings.model}' matches its contract"
+        models = []
+        for name in self.topology.processors_of(Kind.INFERENCE):
+            worker = InferenceWorker.build(BuildContext(self.topology, name, self.stack))
+            try:
+                worker.setup()  # reads metadata + config, raises naming the field that differs
+            finally:
+                worker.close()
+            models.append(worker.settings.model)
+        return f"model(s) {', '.join(models)} match their contract" if models else "no inference processor"
 
     # -- step 3 -------------------------------------------------------------------
     def chain(self) -> list[Check]:
         reader = _Reader(self.stack, self.topology, [self.sink])
-        device = Device.random(f"verify-{uuid.uuid4().hex[:6]}", self.rng, "bearing_wear", onset_s=-60.0)
-        readings = _readings(device, int(time.time() * 1000) - 13_000, 13.0, 10.0, self.rng)
-        for key, value, _ in readings:
-            self.producer.produce(self.raw, value, key)
+        events, entity = self.simulator.incident(int(time.time() * 1000))
+        for event in events:
+            self.producer.produce(self.raw, event.value, event.key)
         self.producer.flush(10)
         sent = time.monotonic()
-        action = reader.until(lambda m: m.key() == device.device_id.encode(), 30)
+        action = reader.until(lambda m: m.key() == entity.encode(), 30)
         ms = (time.monotonic() - sent) * 1000
         reader.close()
-        declared = f"maintenance action within p99 {self.sla_ms:g} ms" if self.sla_ms else "a maintenance action"
+        declared = f"an action within p99 {self.sla_ms:g} ms" if self.sla_ms else "an action"
         if action is None:
-            return [Check("3 chain", f"worn bearing on {device.device_id} → {self.sink}", declared, "no action within 30 s", False)]
+            return [Check("3 chain", f"incident on {entity} → {self.sink}", declared, "no action within 30 s", False)]
         rule = self.action_codec.decode(action.value())["rule"]
-        return [Check("3 chain", f"worn bearing on {device.device_id} → {self.sink}", declared,
+        return [Check("3 chain", f"incident on {entity} → {self.sink}", declared,
                       f"{rule} after {ms:.0f} ms", self.sla_ms is None or ms <= self.sla_ms)]
 
     # -- step 4 -------------------------------------------------------------------
     def load_and_chaos(self, processors: Processors, seconds: float, victim: str) -> list[Check]:
         data = self.topology.topics[self.raw].data
         rate = data.baseline_rate if data and data.baseline_rate else 200.0
-        hz = 10.0
-        n_devices = max(1, int(rate / hz))
-        worn = [Device.random(f"load-w{i}-{uuid.uuid4().hex[:4]}", self.rng, "bearing_wear", onset_s=-60.0) for i in range(min(5, n_devices))]
-        fleet = worn + [Device.random(f"load-h{i}-{uuid.uuid4().hex[:4]}", self.rng) for i in range(n_devices - len(worn))]
+        load = self.simulator.load(max(1, int(rate / self.simulator.rate_hz)))
+        if victim not in self.topology.processors:
+            raise TopologyError(f"verify: no processor {victim!r} to kill in app {self.topology.app!r}")
         victim_out = self.topology.processors[victim].outputs[0]
         watched = list(dict.fromkeys([self.accepted, self.sink, victim_out]))
         reader = _Reader(self.stack, self.topology, watched)
         sent_ids: set[str] = set()
         start_ms = int(time.time() * 1000)
-        t0 = time.monotonic()
         killed_at = None
-        steps = int(seconds * hz)
-        for k in range(steps):
-            if (delay := t0 + k / hz - time.monotonic()) > 0:
-                time.sleep(delay)
-            for device in fleet:
-                key, value, event_id = _readings(device, start_ms + int(k * 1000 / hz), 1 / hz, hz, self.rng, t0_s=k / hz)[0]
-                self.producer.produce(self.raw, value, key)
-                sent_ids.add(event_id)
-            self.producer.poll(0)
-            if killed_at is None and k >= steps // 2:
+        steps = int(seconds * load.rate_hz)
+        out = producer(self.stack)
+        for step, events in enumerate(run_ticks(load, out, seconds, start_ms)):
+            sent_ids.update(e.event_id for e in events)
+            if killed_at is None and step >= steps // 2:
                 processors.kill(victim)
                 killed_at = time.time()
                 processors.start_one(victim)
-        self.producer.flush(30)
+        flush(out, 30)
         # Anything the victim's outputs carry with a create time after the kill comes from its successor.
         resumed = reader.until(lambda m: m.topic() == victim_out and m.timestamp()[1] / 1000 > killed_at, 90)
         resumed_in = resumed.timestamp()[1] / 1000 - killed_at if resumed else None
@@ -251,8 +239,8 @@ class Verifier:
         chaos, n_chaos = p99(False)
         recovery_s = self.topology.sla.recovery_s if self.topology.sla else 30.0
         return [
-            Check("4 load+chaos", f"{len(sent_ids)} readings at {rate:g}/s for {seconds:g}s", "nothing lost",
-                  f"{lost} lost, {len(sent_ids) - lost} accepted", lost == 0),
+            Check("4 load+chaos", f"{len(sent_ids)} events at {rate:g}/s for {seconds:g}s", "nothing lost",
+                  f"{lost} lost, {len(sent_ids) - lost} accepted", lost == 0 and bool(sent_ids)),
             Check("4 load+chaos", f"{self.raw} → {self.sink} at baseline load",
                   f"p99 ≤ {self.sla_ms:g} ms" if self.sla_ms else "actions flow",
                   f"p99 {steady:.0f} ms over {n_steady} actions", n_steady > 0 and (self.sla_ms is None or steady <= self.sla_ms)),

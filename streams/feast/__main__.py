@@ -15,9 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-from streams import PROJECT_ROOT
-from streams.features.spec import DEFAULT_FEATURE_SET, load_feature_set
-from streams.feast.repo import default_home, default_project, default_redis, repo_dir
+from streams.features.spec import load_feature_set
+from streams.feast.repo import default_home, default_redis, repo_dir
 
 
 def _kafka_default() -> str:
@@ -31,9 +30,9 @@ def _registry_default() -> str:
 
 
 def _shown(path: str) -> str:
-    """A declaration's path as the generated files name it: relative to the project when inside it."""
-    resolved = Path(path).resolve()
-    return str(resolved.relative_to(PROJECT_ROOT)) if resolved.is_relative_to(PROJECT_ROOT) else str(resolved)
+    """A declaration's path as the generated files name it: relative to the working directory when inside it."""
+    resolved, here = Path(path).resolve(), Path.cwd()
+    return str(resolved.relative_to(here)) if resolved.is_relative_to(here) else str(resolved)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,14 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--home", default=str(default_home()),
                         help="TANGRAM_HOME; the repository is <home>/feast/repo (default: %(default)s)")
-    common.add_argument("--feature-set", action="append", default=None,
-                        help=f"a feature-set declaration (repeatable; default {DEFAULT_FEATURE_SET.name})")
+    common.add_argument("--feature-set", action="append", required=True,
+                        help="a feature-set declaration (repeatable for apply)")
 
     p_apply = sub.add_parser("apply", parents=[common], help="write the repository and register it with Feast")
     p_apply.add_argument("--redis", default=default_redis(),
                          help="Feast's online store, host:port (default: %(default)s)")
-    p_apply.add_argument("--project", default=default_project(),
-                         help="Feast project: the one the engines write to, the topology's app (default: %(default)s)")
+    p_apply.add_argument("--project", required=True,
+                         help="Feast project: the one the engines write to, the topology's app")
 
     p_sync = sub.add_parser("sync", parents=[common],
                             help="backfill: push a features topic's rows into Feast's online store")
@@ -67,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    paths = args.feature_set or [str(DEFAULT_FEATURE_SET)]
-    feature_sets = [(load_feature_set(p), _shown(p)) for p in paths]
+    feature_sets = [(load_feature_set(p), _shown(p)) for p in args.feature_set]
     repo = str(repo_dir(args.home))
 
     if args.command == "apply":

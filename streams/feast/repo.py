@@ -28,7 +28,6 @@ from typing import Any
 
 import yaml
 
-from streams import PROJECT_ROOT
 from streams.features.spec import FeatureSet
 
 #: Columns of the pushed rows that are not features: the entity's key and Feast's event time.
@@ -40,16 +39,8 @@ ENTITY_KEY_SERIALIZATION_VERSION = 3
 
 
 def default_home() -> Path:
-    return Path(os.environ.get("TANGRAM_HOME", PROJECT_ROOT / ".tangram"))
-
-
-#: The topology whose ``app`` names the Feast project by default.
-REFERENCE_TOPOLOGY = PROJECT_ROOT / "topologies" / "predictive_maintenance.yaml"
-
-
-def default_project(topology: str | Path = REFERENCE_TOPOLOGY) -> str:
-    """The Feast project the engines of ``topology`` write to unless told otherwise: its ``app`` (``pm``)."""
-    return str(yaml.safe_load(Path(topology).read_text())["app"])
+    """``TANGRAM_HOME``, as ``streams.settings.StackSettings`` reads it (this module runs in Feast's environment)."""
+    return Path(os.environ.get("TANGRAM_HOME", Path.home() / ".tangram"))
 
 
 def default_redis() -> str:

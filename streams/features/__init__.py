@@ -1,8 +1,8 @@
 """Feature jobs (seed node 2): feature sets declared once, computed by interchangeable engines.
 
 - ``spec``: the declaration (``topologies/features/*.yaml``) as a typed, frozen model;
-- ``compute``: the window math and per-entity event-time state every engine shares;
-  ``window_features`` is the one definition the training script uses too;
+- ``compute``: the window math and per-entity event-time state every engine shares
+  (``compute_window`` is the one definition an app's training script uses too);
 - ``engine``: the embedded engine, a processor of the delivery loop (``WindowFeatures``);
 - ``faust_job``: the same feature set as a Faust app with windowed tables;
 - ``streams.flink.job``: the same feature set as a PyFlink job (Flink environment);
@@ -18,16 +18,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from streams.features.compute import (
-    BAND_CUT_HZ,
-    FEATURE_NAMES,
-    FEATURE_SET,
-    EntityWindows,
-    band_energy,
-    compute_window,
-    feature_vector,
-    window_features,
-)
+from streams.features.compute import EntityWindows, band_energy, compute_window
 from streams.features.spec import FeatureSet, load_feature_set
 
 _LAZY = {
@@ -40,9 +31,6 @@ _LAZY = {
 }
 
 __all__ = [
-    "BAND_CUT_HZ",
-    "FEATURE_NAMES",
-    "FEATURE_SET",
     "EntityWindows",
     "FeatureSet",
     "OnlineLookup",
@@ -51,11 +39,9 @@ __all__ = [
     "WindowFeaturesSettings",
     "band_energy",
     "compute_window",
-    "feature_vector",
     "load_feature_set",
     "online_layout",
     "read_online_features",
-    "window_features",
 ]
 
 

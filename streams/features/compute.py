@@ -1,8 +1,8 @@
 """The window math and the per-entity window state, shared by every engine.
 
-``compute_window`` evaluates a declared feature set over one window's readings;
-``window_features`` is that for the reference feature set, the one function the
-training script and every engine call. ``EntityWindows`` is the event-time state of
+``compute_window`` evaluates a declared feature set over one window's readings: the one
+function every engine calls, and an app's training script too (so training and serving
+compute the same features). ``EntityWindows`` is the event-time state of
 one entity: which windows are open, its watermark (newest event time seen), which
 windows it has emitted. The embedded engine, the Faust job and the PyFlink job each
 keep one per entity and feed it records in partition order, so they emit identical
@@ -16,16 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from streams.features.spec import FeatureSet, load_feature_set
-
-#: The reference feature set (``topologies/features/pm_device_window.yaml``).
-FEATURE_SET: FeatureSet = load_feature_set()
-#: The model's input vector, in order.
-FEATURE_NAMES: tuple[str, ...] = FEATURE_SET.feature_names
-BAND_CUT_HZ: float = next(a.cut_hz for a in FEATURE_SET.aggregations if a.kind == "band_energy")
+from streams.features.spec import FeatureSet
 
 
-def band_energy(signal: np.ndarray, hz: float, cut_hz: float = BAND_CUT_HZ) -> float:
+def band_energy(signal: np.ndarray, hz: float, cut_hz: float) -> float:
     """Share of the signal's spectral energy (DC removed) at or above ``cut_hz``."""
     x = signal[~np.isnan(signal)]
     if x.size < 4:
@@ -67,18 +61,8 @@ def compute_window(fs: FeatureSet, values: np.ndarray, hz: float | None = None) 
                 col = values[present[:, j], j]
                 out.update({f"{name}_{s}": _stat(col, s) for s in agg.stats})
         else:
-            out[f"{agg.inputs[0]}_band_energy"] = band_energy(values[:, idx[0]], hz, agg.cut_hz or BAND_CUT_HZ)
+            out[f"{agg.inputs[0]}_band_energy"] = band_energy(values[:, idx[0]], hz, float(agg.cut_hz))
     return out
-
-
-def window_features(values: np.ndarray, hz: float) -> dict[str, float]:
-    """Features of one window of the reference feature set (training and every engine)."""
-    return compute_window(FEATURE_SET, values, hz)
-
-
-def feature_vector(features: dict[str, float]) -> list[float]:
-    """The model's input vector from a feature dict (order of ``FEATURE_NAMES``)."""
-    return [float(features[name]) for name in FEATURE_NAMES]
 
 
 @dataclass

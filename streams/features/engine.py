@@ -34,7 +34,7 @@ from streams.feast.layout import FeastLayout
 from streams.features.online import OnlineWriter
 from streams.features.shadow import ShadowComparator
 from streams.features.shadow import encode as encode_difference
-from streams.features.spec import DEFAULT_FEATURE_SET, FeatureSet, load_feature_set
+from streams.features.spec import FeatureSet, load_feature_set
 from streams.topology import Topology
 
 log = logging.getLogger("tangram.features")
@@ -45,8 +45,7 @@ LATE = Counter("tangram_features_late_records_total", "Readings that arrived aft
 class WindowFeaturesSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    feature_set: str = Field(str(DEFAULT_FEATURE_SET.relative_to(DEFAULT_FEATURE_SET.parents[2])),
-                             description="The feature-set declaration (YAML), relative to the project root.")
+    feature_set: str = Field(description="The feature-set declaration (YAML), relative to the app folder.")
     redis_retry_s: float = Field(300.0, gt=0, description="How long online-store writes are retried while Redis is down.")
     shadow_feature_set: str | None = Field(None, description="A new version of the feature set, computed beside the live "
                                                              "one and compared with it; never served.")
@@ -56,10 +55,12 @@ class WindowFeaturesSettings(BaseModel):
 
 def online_layout(topology: Topology, processor: str = "features") -> FeastLayout:
     """Where the features processor ``processor`` of ``topology`` keeps its rows: its feature set, in
-    the Feast project named after the topology's app (the default feature set when there is no such processor)."""
+    the Feast project named after the topology's app."""
     spec = topology.processors.get(processor)
-    settings = WindowFeaturesSettings.model_validate(spec.params if spec is not None else {})
-    return FeastLayout.of(load_feature_set(settings.feature_set), topology.app)
+    if spec is None:
+        raise TopologyError(f"app {topology.app!r} has no features processor {processor!r} to read online features of")
+    settings = WindowFeaturesSettings.model_validate(spec.params)
+    return FeastLayout.of(load_feature_set(topology.path(settings.feature_set)), topology.app)
 
 
 class WindowFeatures(Processor):
@@ -68,20 +69,20 @@ class WindowFeatures(Processor):
     name = "features"
 
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
-                 redis_url: str, settings: WindowFeaturesSettings, feature_set: FeatureSet | None = None,
-                 shadow_topic: str | None = None, project: str = "tangram"):
+                 redis_url: str, settings: WindowFeaturesSettings, feature_set: FeatureSet,
+                 shadow_feature_set: FeatureSet | None = None, shadow_topic: str | None = None,
+                 project: str = "tangram"):
         self.input_codec = input_codec
         self.output_codec = output_codec
         self.output_topic = output_topic
         self.dlq_topic = dlq_topic
         self.settings = settings
-        self.fs = feature_set or load_feature_set(settings.feature_set)
+        self.fs = feature_set
         self.layout = FeastLayout.of(self.fs, project)
         self.store = OnlineWriter(redis_url, self.layout, retry_s=settings.redis_retry_s)
         self._entities: dict[str, EntityWindows] = {}
         self.shadow_topic = shadow_topic
-        self.shadow = (ShadowComparator(self.fs, load_feature_set(settings.shadow_feature_set), self.name)
-                       if settings.shadow_feature_set else None)
+        self.shadow = ShadowComparator(self.fs, shadow_feature_set, self.name) if shadow_feature_set else None
         self._differences = 0
 
     @classmethod
@@ -93,8 +94,11 @@ class WindowFeatures(Processor):
             raise TopologyError(f"processor {ctx.name!r}: a shadow feature set needs `shadow_topic`, one of its outputs")
         if len(outputs) != 1:
             raise TopologyError(f"processor {ctx.name!r}: expected one features output besides the shadow topic")
+        shadow = settings.shadow_feature_set
         return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), output_topic=outputs[0],
                    dlq_topic=ctx.dlq, redis_url=ctx.stack.redis_url, settings=settings,
+                   feature_set=load_feature_set(ctx.topology.path(settings.feature_set)),
+                   shadow_feature_set=load_feature_set(ctx.topology.path(shadow)) if shadow else None,
                    shadow_topic=settings.shadow_topic, project=ctx.topology.app)
 
     def setup(self) -> None:

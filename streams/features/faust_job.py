@@ -37,8 +37,7 @@ from streams.avro import WireFormatError, codec
 from streams.features.compute import EntityWindows, output_row
 from streams.feast.layout import FeastLayout
 from streams.features.online import OnlineWriter
-from streams.features.spec import DEFAULT_FEATURE_SET, load_feature_set
-from streams.topology import load_schema
+from streams.features.spec import load_feature_set
 
 log = logging.getLogger("tangram.features.faust")
 
@@ -48,8 +47,8 @@ CARRIED = ("event_id", "trace_id", "ingest_ms")
 def build_app(args: argparse.Namespace) -> faust.App:
     """The Faust app of one feature set: source agent, state table, output and DLQ topics."""
     fs = load_feature_set(args.feature_set)
-    in_codec = codec(args.registry, fs.source.schema_, load_schema(fs.source.schema_))
-    out_codec = codec(args.registry, fs.output.schema_, load_schema(fs.output.schema_))
+    in_codec = codec(args.registry, fs.source.schema_)  # the contracts as `tangram apply` registered them
+    out_codec = codec(args.registry, fs.output.schema_)
     store = OnlineWriter(args.redis, FeastLayout.of(fs, args.project))
     app = faust.App(
         args.group, broker=f"kafka://{args.bootstrap}", store="memory://", web_enabled=False,
@@ -110,12 +109,11 @@ def build_app(args: argparse.Namespace) -> faust.App:
 
 
 def command(python: str, *, bootstrap: str, registry: str, redis_url: str, project: str, source: str, output: str,
-            dlq: str, group: str, feature_set: str | None = None) -> list[str]:
+            dlq: str, group: str, feature_set: str) -> list[str]:
     """The command line of a worker of this app."""
-    argv = [python, "-m", "streams.features.faust_job", "--bootstrap", bootstrap, "--registry", registry,
+    return [python, "-m", "streams.features.faust_job", "--bootstrap", bootstrap, "--registry", registry,
             "--redis", redis_url, "--project", project, "--source", source, "--output", output, "--dlq", dlq,
-            "--group", group]
-    return argv + (["--feature-set", feature_set] if feature_set else [])
+            "--group", group, "--feature-set", feature_set]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -125,7 +123,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--redis", required=True, help="Online store URL.")
     p.add_argument("--project", required=True,
                    help="Feast project of the online store (Feast's Redis layout), e.g. the topology's app.")
-    p.add_argument("--feature-set", default=str(DEFAULT_FEATURE_SET))
+    p.add_argument("--feature-set", required=True, help="The feature-set declaration (YAML).")
     p.add_argument("--source", required=True)
     p.add_argument("--output", required=True)
     p.add_argument("--dlq", required=True)

@@ -18,11 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from streams import PROJECT_ROOT
 from streams.yamlfile import load_model
-
-#: The feature set of the reference application.
-DEFAULT_FEATURE_SET = PROJECT_ROOT / "topologies" / "features" / "pm_device_window.yaml"
 
 Stat = Literal["mean", "std", "min", "max", "ptp"]
 
@@ -42,7 +38,7 @@ class Entity(_Model):
 class SourceSpec(_Model):
     topic: str = Field(description="The ingest topic the engines read (Avro, keyed by the entity).")
     schema_: str = Field(alias="schema", description="Avro subject of the input records.")
-    timestamp_field: str = Field("ts", description="Event time of a record, epoch milliseconds.")
+    timestamp_field: str = Field(description="Event time of a record, epoch milliseconds.")
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -147,6 +143,10 @@ class FeatureSet(_Model):
         """The features of one window, in the order of the model's input vector."""
         return tuple(n for agg in self.aggregations for n in agg.names())
 
+    def vector(self, features: dict[str, float]) -> list[float]:
+        """A model's input vector from a feature dict: the values in ``feature_names`` order."""
+        return [float(features[name]) for name in self.feature_names]
+
     @property
     def columns(self) -> tuple[str, ...]:
         """Every field of an output row, in Avro order: key, window bounds, count, features."""
@@ -169,12 +169,12 @@ class FeatureSet(_Model):
         return out
 
 
-def load_feature_set(path: str | Path = DEFAULT_FEATURE_SET) -> FeatureSet:
-    """Read and validate a feature-set file; errors name the file and the offending field."""
-    path = Path(path)
-    if not path.is_absolute() and not path.exists():
-        path = PROJECT_ROOT / path
-    return _load(path.resolve())
+def load_feature_set(path: str | Path) -> FeatureSet:
+    """Read and validate a feature-set file; errors name the file and the offending field.
+
+    A relative path is the caller's to resolve (against the app folder: ``Topology.path``).
+    """
+    return _load(Path(path).resolve())
 
 
 @cache

@@ -53,6 +53,10 @@ class RegistryREST:
     def schema(self, schema_id: int) -> dict:
         return json.loads(self._call(f"/schemas/ids/{schema_id}")["schema"])
 
+    def latest(self, subject: str) -> dict:
+        """The newest schema registered under ``subject`` (what `tangram apply` registered from the app)."""
+        return json.loads(self._call(f"/subjects/{subject}/versions/latest")["schema"])
+
     def lookup(self, subject: str, schema: dict) -> int:
         return int(self._call(f"/subjects/{subject}", {"schema": json.dumps(schema)})["id"])
 

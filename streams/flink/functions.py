@@ -12,20 +12,17 @@ rewrites them (Feast's rule keeps the newest ``window_end``, so the rewrite chan
 
 from __future__ import annotations
 
-import json
 import time
 
 from pyflink.common import Row, Types
 from pyflink.datastream import KeyedProcessFunction, OutputTag, RuntimeContext
 from pyflink.datastream.state import ValueStateDescriptor
 
-from streams import PROJECT_ROOT
 from streams.errors import SchemaError
 from streams.features.compute import EntityWindows, output_row
 from streams.features.spec import FeatureSet, load_feature_set
 from streams.features.wire import RegistryREST, WireCodec
 
-SCHEMA_DIR = PROJECT_ROOT / "schemas" / "avro"
 CARRIED = ("event_id", "trace_id", "ingest_ms")
 BYTES = Types.PRIMITIVE_ARRAY(Types.BYTE())
 #: One Kafka record as the job sees it: key (the entity), value bytes, headers.
@@ -45,8 +42,9 @@ class WindowFunction(KeyedProcessFunction):
     def open(self, ctx: RuntimeContext) -> None:
         self.fs: FeatureSet = load_feature_set(self.feature_set)
         registry = RegistryREST(self.registry_url)
-        self.source = WireCodec(registry, self.source_subject, _schema(self.source_subject))
-        self.output = WireCodec(registry, self.output_subject, _schema(self.output_subject))
+        # the contracts as `tangram apply` registered them from the app: the job needs no schema files
+        self.source = WireCodec(registry, self.source_subject, registry.latest(self.source_subject))
+        self.output = WireCodec(registry, self.output_subject, registry.latest(self.output_subject))
         self.state = ctx.get_state(ValueStateDescriptor("entity", Types.PICKLED_BYTE_ARRAY()))
         self.store = None
         if self.redis_url:
@@ -100,6 +98,3 @@ def _dead_letter(value: Row, headers: dict, reason: str, message: str, source_to
              "dlq.failed_ms": str(int(time.time() * 1000))}
     return Row(k=value.k, v=value.v, headers={**headers, **{k: v.encode() for k, v in extra.items()}})
 
-
-def _schema(subject: str) -> dict:
-    return json.loads((SCHEMA_DIR / f"{subject}.avsc").read_text())

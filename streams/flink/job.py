@@ -29,8 +29,7 @@ from pyflink.common import Configuration, Row, Types
 from pyflink.datastream import StreamExecutionEnvironment
 from pyflink.table import StreamTableEnvironment
 
-from streams.feast.repo import default_project
-from streams.features.spec import DEFAULT_FEATURE_SET, load_feature_set
+from streams.features.spec import load_feature_set
 from streams.flink.functions import LATE, RECORD, WindowFunction
 
 log = logging.getLogger("tangram.flink")
@@ -84,14 +83,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers.")
     p.add_argument("--registry", required=True, help="Schema registry URL.")
     p.add_argument("--jar", action="append", default=[], help="Connector jar(s) to add to the classpath.")
-    p.add_argument("--feature-set", default=str(DEFAULT_FEATURE_SET), help="Feature-set declaration (YAML).")
+    p.add_argument("--feature-set", required=True, help="Feature-set declaration (YAML).")
     p.add_argument("--source", help="Input topic (default: the feature set's).")
     p.add_argument("--output", help="Output topic (default: the feature set's).")
     p.add_argument("--dlq", required=True, help="Dead-letter topic for late and undecodable readings.")
     p.add_argument("--group", default="pm.features-flink", help="Consumer group of the source.")
     p.add_argument("--redis", help="Online store (Feast's Redis layout), e.g. redis://127.0.0.1:6379/0; none: not written.")
-    p.add_argument("--project", default=default_project(),
-                   help="Feast project of the online store: the topology's app (default: %(default)s).")
+    p.add_argument("--project", required=True, help="Feast project of the online store: the topology's app.")
     p.add_argument("--bounded", action="store_true", help="Stop at the offsets that are latest at start (tests, backfills).")
     p.add_argument("--parallelism", type=int, default=1)
     p.add_argument("--checkpoint-ms", type=int, default=10_000, help="Checkpoint interval (0: none).")

@@ -18,19 +18,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-from streams import PROJECT_ROOT
+import streams
 from streams.errors import StackError
 from streams.settings import StackSettings
 
 log = logging.getLogger("tangram.flink")
 
-POM = PROJECT_ROOT / "stack" / "flink" / "pom.xml"
+#: Package data, copied next to the jars before Maven runs (Maven writes ``target/`` beside its pom).
+POM = Path(__file__).with_name("pom.xml")
+#: The folder holding the ``streams`` package: the job's Python workers import the feature-set code from it.
+SOURCE_ROOT = Path(streams.__file__).resolve().parent.parent
 _STAMP = ".pom.sha256"
 
 
 def flink_python() -> Path:
-    """The Flink environment's interpreter; StackError naming `make setup` when it is missing."""
-    python = Path(os.environ.get("TANGRAM_FLINK_PYTHON", PROJECT_ROOT / ".venv-flink" / "bin" / "python"))
+    """The Flink environment's interpreter (``TANGRAM_FLINK_PYTHON``); StackError naming `make setup` when missing."""
+    python = StackSettings().flink_python
     if not python.exists():
         raise StackError(f"the Flink environment interpreter {python} is missing: run `make setup`")
     return python
@@ -51,7 +54,10 @@ def fetch_jars(settings: StackSettings) -> list[Path]:
             raise StackError("Maven is required to fetch the Flink connector jars: install it (apt-get install maven)")
         staging = lib.with_name("lib.tmp")
         shutil.rmtree(staging, ignore_errors=True)
-        cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", "-DincludeScope=runtime",
+        pom = lib.parent / "pom.xml"
+        pom.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(POM, pom)
+        cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", "-DincludeScope=runtime",
                f"-DoutputDirectory={staging}"]
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if result.returncode != 0 or not any(staging.glob("flink-sql-connector-kafka-*.jar")):
@@ -82,9 +88,9 @@ def job_argv(settings: StackSettings, *, dlq: str, group: str, source: str | Non
 
 
 def job_env() -> dict[str, str]:
-    """The job's environment: the project on PYTHONPATH (the mini-cluster's Python workers inherit it)."""
+    """The job's environment: the runtime's source on PYTHONPATH (the mini-cluster's Python workers inherit it)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
 
 
@@ -92,7 +98,7 @@ def run_job(argv: list[str], timeout_s: float, log_path: Path) -> None:
     """Run a bounded job to its end; StackError with the log's tail if it fails or overruns."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as out:
-        proc = subprocess.Popen(argv, cwd=PROJECT_ROOT, env=job_env(), stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(argv, env=job_env(), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout_s)

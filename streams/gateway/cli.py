@@ -12,27 +12,30 @@ import typer
 
 from streams.settings import StackSettings
 
-schemas_app = typer.Typer(help="Data contracts: schemas/avro/*.avsc and their compatibility.", no_args_is_help=True)
+schemas_app = typer.Typer(help="Data contracts: an app's Avro schemas and their compatibility.", no_args_is_help=True)
 gateway_app = typer.Typer(help="Ingest gateways: HTTP and MQTT producers reach the ingest contracts.", no_args_is_help=True)
 dlq_app = typer.Typer(help="Dead-letter topics: inspect refused records, replay them after a fix.", no_args_is_help=True)
 
 
 @schemas_app.command("check")
 def schemas_check(
+    app: Path = typer.Argument(..., help="The app (its folder or topology file): its `schemas:` folder is checked."),
     registry: Optional[str] = typer.Option(None, help="Compare with this schema registry (URL) instead of git."),
     stack_registry: bool = typer.Option(False, "--stack-registry", help="Compare with the local stack's registry."),
     git_ref: str = typer.Option("HEAD", "--git-ref", help="Compare with the versions in git up to this ref."),
     subject: Optional[list[str]] = typer.Option(None, "--subject", help="Only these subjects (repeatable)."),
 ) -> None:
-    """Fail if a schema changed incompatibly under its subject's level (schemas/avro/compatibility.yaml)."""
+    """Fail if a schema changed incompatibly under its subject's level (compatibility.yaml beside the schemas)."""
     from rich.console import Console
     from rich.table import Table
 
     from streams.schemas_check import GitHistory, RegistryHistory, check_schemas
+    from streams.topology import load_topology
 
+    schema_dir = load_topology(app).schema_dir
     url = registry or (StackSettings().registry_url if stack_registry else None)
-    history = RegistryHistory(url) if url else GitHistory(ref=git_ref)
-    reports = check_schemas(history, subjects=subject)
+    history = RegistryHistory(url) if url else GitHistory.around(schema_dir, git_ref)
+    reports = check_schemas(history, schema_dir, subjects=subject)
     console = Console()
     table = Table(title=f"schemas check against {url or f'git {git_ref}'}")
     for col in ("subject", "level", "compared with", "result"):
@@ -45,7 +48,7 @@ def schemas_check(
         console.print(f"[red]incompatible:[/] {p}", soft_wrap=True)
     if problems:
         console.print("fix the schema (add a default, keep the field, widen the type) or change the subject's level in "
-                      "schemas/avro/compatibility.yaml on purpose")
+                      f"{schema_dir / 'compatibility.yaml'} on purpose")
         raise typer.Exit(1)
 
 

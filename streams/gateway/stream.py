@@ -15,7 +15,7 @@ from streams.delivery import Output, Record, dead_letter
 from streams.gateway.errors import GatewayError
 from streams.ingest import H_CLIENT_ID, IngestSettings, Rejected, Validator, ingest_headers
 from streams.settings import StackSettings
-from streams.topology import Topology, load_schema
+from streams.topology import Topology
 
 
 @dataclass
@@ -39,12 +39,12 @@ class IngestStream:
         (output,) = processor.outputs
         subject = topology.topics[output].schema_
         settings = IngestSettings.model_validate({**processor.params, **gateway.params})
-        output_codec = codec(stack.registry_url, subject, load_schema(subject))
+        output_codec = codec(stack.registry_url, subject, topology.schema(subject))
         return cls(name, Validator(output_codec.schema_json, settings, name), output_codec, output, processor.dlq)
 
     def accepted(self, record: dict, trace_id: str | None, ingest_ms: int) -> Output:
         """The Avro output of an accepted reading."""
-        headers = ingest_headers(record["event_id"], trace_id or "", ingest_ms)
+        headers = ingest_headers(record[self.validator.settings.id_field], trace_id or "", ingest_ms)
         return Output(self.output_topic, record[self.validator.settings.entity_field], self.codec.encode(record), headers)
 
     def rejected(self, exc: Rejected, value: bytes, source: str, *, key: bytes | None = None, client: str | None = None,

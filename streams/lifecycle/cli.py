@@ -1,4 +1,4 @@
-"""``tangram models …``: register, list, show, promote, canary, rollback, archive, history."""
+"""``tangram models …``: build an app's models; register, list, show, promote, canary, rollback, archive, history."""
 
 from __future__ import annotations
 
@@ -44,9 +44,23 @@ def _json_option(text: Optional[str], what: str) -> Any:
         raise ModelRegistryError(f"{what} is not valid JSON ({exc}); pass JSON text or @file.json") from exc
 
 
+@models_app.command("build")
+def build(
+    app: Path = typer.Argument(..., help="The app (its folder or topology file)."),
+    repository: Optional[Path] = typer.Option(None, "--repository", help="Write into this model repository "
+                                              "(a model server's volume) instead of the app's own."),
+    force: bool = typer.Option(False, "--force", help="Rebuild artifacts that exist already."),
+) -> None:
+    """Build the app's model artifacts with its `models.build` hook (its training or export script)."""
+    from streams.lifecycle.repository import build_models
+    from streams.topology import load_topology
+
+    _console.print(build_models(load_topology(app), repository, force))
+
+
 @models_app.command("register")
 def register(
-    card: Optional[Path] = typer.Option(None, "--card", help="model_card.json written by `tangram model train`."),
+    card: Optional[Path] = typer.Option(None, "--card", help="model_card.json written by `tangram models build`."),
     name: Optional[str] = typer.Option(None, "--name"),
     version: Optional[str] = typer.Option(None, "--version"),
     artifact: Optional[Path] = typer.Option(None, "--artifact", help="The model file (its sha256 is computed)."),

@@ -1,8 +1,7 @@
 """Observability (seed node 6): drift jobs, metrics endpoints, the live status view, dashboards.
 
 - ``stats``: KS, PSI and chi-square over sliding windows, and the sustained-drift detector;
-- ``baseline``: the training baseline, rebuilt exactly from the model card;
-- ``measure``: offline false-alarm and detection-delay measurements (``benchmarks/bench_drift.py``);
+- ``baseline``: the training baseline, a sample of the training features stored beside the model card;
 - ``processor``: ``DriftMonitor``, the drift job as a processor of the delivery loop;
 - ``scrape``: reading a processor's ``/metrics`` (Prometheus text format);
 - ``status``: ``tangram status --topology``, the live view of a running topology;

@@ -23,12 +23,11 @@ from pathlib import Path
 
 import yaml
 
-from streams import PROJECT_ROOT
 from streams.topology import Topology
 
-DEPLOY = PROJECT_ROOT / "deploy"
-PROMETHEUS_FILE = DEPLOY / "prometheus" / "prometheus.yml"
-DASHBOARD_DIR = DEPLOY / "grafana" / "dashboards"
+#: Where, under a deploy folder (``deploy/`` of a checkout), the scrape config and the dashboards go.
+PROMETHEUS_FILE = Path("prometheus") / "prometheus.yml"
+DASHBOARD_DIR = Path("grafana") / "dashboards"
 PROCESSOR_METRICS_PORT = 9100  # every processor service's `--metrics-port` in docker-compose.yml
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
 
@@ -164,13 +163,13 @@ def prometheus_yaml(topology: Topology) -> str:
     return header + yaml.safe_dump(prometheus_config(topology), sort_keys=False)
 
 
-def write_all(topology: Topology, deploy: Path = DEPLOY) -> list[Path]:
-    """Write the scrape config and the dashboards; returns the paths written."""
-    prom = deploy / "prometheus" / "prometheus.yml"
+def write_all(topology: Topology, deploy: Path) -> list[Path]:
+    """Write the scrape config and the dashboards under ``deploy``; returns the paths written."""
+    prom = deploy / PROMETHEUS_FILE
     prom.parent.mkdir(parents=True, exist_ok=True)
     prom.write_text(prometheus_yaml(topology))
     written = [prom]
-    folder = deploy / "grafana" / "dashboards"
+    folder = deploy / DASHBOARD_DIR
     folder.mkdir(parents=True, exist_ok=True)
     for d in DASHBOARDS:
         path = folder / f"{d.uid.removeprefix('tangram-')}.json"

@@ -33,7 +33,7 @@ from streams.config_center.center import CONFIG_TOPIC
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, dead_letter
 from streams.errors import TopologyError
-from streams.monitor.baseline import Baseline, DatasetParams, load_baseline
+from streams.monitor.baseline import Baseline, load_baseline
 from streams.monitor.stats import DriftDetector, Evaluation, FeatureVerdict, NumericReference, Thresholds
 from streams.statelog import StateTopic
 
@@ -68,14 +68,17 @@ class DriftSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model: str = Field("anomaly", description="Model whose card (in the model repository) holds the baseline.")
-    dataset: DatasetParams = Field(DatasetParams(), description="Parameters of its simulated training set.")
+    model: str = Field(description="Model whose card (in the stack's model repository) holds the baseline.")
+    drift_topic: str = Field(description="The output that gets every evaluation (DriftResult records).")
+    alert_topic: str = Field(description="The output that gets sustained-drift alerts (the rules' action contract).")
+    entity_field: str = Field(description="The entity field of the alert actions.")
+    time_field: str = Field("window_end", description="The time field of the alert actions.")
+    alert_entity: str = Field("drift", description="The entity (and key) of drift alert actions.")
     window: int = Field(300, ge=20, le=100_000, description="Records in the sliding window.")
     step: int = Field(100, ge=1, description="Records between two evaluations.")
     bins: int = Field(10, ge=2, le=100, description="Quantile bins of the PSI.")
     thresholds: Thresholds = Field(Thresholds(), description="Defaults; the config center overrides them live.")
     config_center: bool = Field(True, description="Follow `monitor-threshold` in the config center.")
-    alert_device: str = Field("fleet", description="`device_id` (and key) of drift alert actions.")
 
     @model_validator(mode="after")
     def _step_fits(self) -> DriftSettings:
@@ -109,27 +112,22 @@ class DriftMonitor(Processor):
 
     @classmethod
     def build(cls, ctx: BuildContext) -> DriftMonitor:
-        monitors = {}
-        for topic in ctx.spec.inputs:
-            stage = topic.split(".")[1] if topic.count(".") >= 2 else ""
-            if stage not in (FEATURES, PREDICTIONS_MONITOR):
-                raise TopologyError(f"drift processor {ctx.name!r}: input {topic!r} is neither a features nor a "
-                                    "predictions topic (`<app>.features.*`, `<app>.predictions.*`)")
-            monitors[topic] = stage
-        drift = [t for t in ctx.spec.outputs if t.split(".")[1:2] == ["monitor"]]
-        alert = [t for t in ctx.spec.outputs if t.split(".")[1:2] == ["actions"]]
-        if len(drift) != 1 or len(alert) != 1:
-            raise TopologyError(f"drift processor {ctx.name!r} needs one `<app>.monitor.*` output and one "
-                                f"`<app>.actions.*` output; it has {ctx.spec.outputs}")
-        settings = DriftSettings.model_validate(ctx.spec.params)
-        return cls(codecs={t: ctx.codec(t) for t in [*ctx.spec.inputs, drift[0], alert[0]]}, monitors=monitors,
-                   drift_topic=drift[0], alert_topic=alert[0], dlq_topic=ctx.dlq,
+        settings = ctx.settings(DriftSettings)
+        for topic in (settings.drift_topic, settings.alert_topic):
+            if topic not in ctx.spec.outputs:
+                raise TopologyError(f"drift processor {ctx.name!r}: {topic!r} is not one of its outputs {ctx.spec.outputs}")
+        codecs = {t: ctx.codec(t) for t in [*ctx.spec.inputs, settings.drift_topic, settings.alert_topic]}
+        # a topic whose contract carries `model_name` holds predictions; any other, feature windows
+        monitors = {t: PREDICTIONS_MONITOR if any(f["name"] == "model_name" for f in codecs[t].schema_json["fields"])
+                    else FEATURES for t in ctx.spec.inputs}
+        return cls(codecs=codecs, monitors=monitors, drift_topic=settings.drift_topic,
+                   alert_topic=settings.alert_topic, dlq_topic=ctx.dlq,
                    card_path=ctx.stack.model_repository / settings.model / "model_card.json", settings=settings,
                    bootstrap_servers=ctx.stack.bootstrap_servers if settings.config_center else None)
 
     # -- lifecycle -------------------------------------------------------------------
     def setup(self) -> None:
-        self.baseline = baseline = load_baseline(self.card_path, self.settings.dataset)
+        self.baseline = baseline = load_baseline(self.card_path)
         s = self.settings
         if FEATURES in self.monitors.values():
             refs = {name: NumericReference.of(sample, s.bins) for name, sample in baseline.features.items()}
@@ -183,7 +181,7 @@ class DriftMonitor(Processor):
             if monitor == PREDICTIONS_MONITOR:
                 CONFIDENCE.labels(value["model_name"], value["model_version"]).observe(value["confidence"])
                 PREDICTIONS.labels(value["model_name"], value["model_version"], value["label"]).inc()
-            rows[monitor].append({**value, "ts_ms": value["window_end"]})
+            rows[monitor].append({**value, "ts_ms": value[self.settings.time_field]})
         thresholds = self.thresholds()
         for monitor, detector in self.detectors.items():
             if not rows[monitor]:
@@ -239,14 +237,14 @@ class DriftMonitor(Processor):
                   f"PSI={r.psi:.3f} >= {thresholds.psi:g} for {v.consecutive} evaluations of {evaluation.rows} records")
         log.warning("%s: %s", self.name, reason)
         action = {
-            "event_id": event_id, "action_type": "alert", "device_id": self.settings.alert_device,
+            "event_id": event_id, "action_type": "alert", self.settings.entity_field: self.settings.alert_entity,
             "rule": f"drift.{monitor}.{v.feature}", "reason": reason,
             "inputs": {"statistic": r.statistic, "pvalue": r.pvalue, "psi": r.psi, "consecutive": float(v.consecutive)},
             "label": "drift", "score": r.psi, "model_name": baseline.model_name,
-            "model_version": baseline.model_version, "window_end": evaluation.end_ms,
+            "model_version": baseline.model_version, self.settings.time_field: evaluation.end_ms,
             "degradation_level": str(level), "trace_id": uuid.uuid4().hex,
             "model_versions": {baseline.model_name: baseline.model_version}, "missing_models": [],
             "rule_set": f"config v{self.config.version}" if self.config is not None and self.config.version else "topology",
         }
-        return Output(self.alert_topic, self.settings.alert_device, self.codecs[self.alert_topic].encode(action),
+        return Output(self.alert_topic, self.settings.alert_entity, self.codecs[self.alert_topic].encode(action),
                       {H_EVENT_ID: event_id, H_TRACE_ID: action["trace_id"]})

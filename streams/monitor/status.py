@@ -31,7 +31,7 @@ from streams.launcher import read_endpoints
 from streams.lifecycle import ModelRegistry
 from streams.monitor.scrape import Scrape, quantile_of_buckets, scrape
 from streams.settings import StackSettings
-from streams.topology import Topology, load_schema
+from streams.topology import Topology
 
 log = logging.getLogger("tangram.monitor.status")
 
@@ -118,7 +118,7 @@ class StatusReader:
         for topic, spec in self.topology.topics.items():
             if _stage(topic) != "monitor" or not spec.schema_:
                 continue
-            drift_codec = codec(self.stack.registry_url, spec.schema_, load_schema(spec.schema_))
+            drift_codec = codec(self.stack.registry_url, spec.schema_, self.topology.schema(spec.schema_))
             for partition, (low, high) in self.watermarks(topic).items():
                 if high <= low:
                     continue

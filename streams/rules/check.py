@@ -11,14 +11,14 @@ from pydantic import ValidationError
 from streams.errors import TangramError
 from streams.rules.engine import RuleBook
 from streams.rules.spec import RulesSettings
-from streams.topology import Topology
+from streams.topology import Kind, Topology
 
 
 def rule_problems(topology: Topology) -> list[str]:
     """One message per problem in the rule processors' ``params`` (an empty list: all rules compile)."""
     problems = []
     for name, spec in topology.processors.items():
-        if not spec.kind.startswith("streams.rules"):
+        if spec.kind != Kind.RULES:
             continue
         try:
             settings = RulesSettings.model_validate(spec.params)
@@ -26,12 +26,9 @@ def rule_problems(topology: Topology) -> list[str]:
             problems += [f"processor {name!r}: params.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
                          for e in exc.errors()]
             continue
-        topics = {t.rsplit(".", 1)[-1]: t for t in spec.outputs}
         try:
-            RuleBook.build(settings.rules, "topology", 0, topics)
+            RuleBook.build(settings.rules, "topology", 0, settings.topics(spec.outputs))
+            settings.safe_topic(spec.outputs)
         except TangramError as exc:
             problems.append(f"processor {name!r}: {exc}")
-        safe = settings.degradation.safe_default
-        if safe is not None and (safe.topic or topics.get(safe.action)) not in spec.outputs:
-            problems.append(f"processor {name!r}: safe default {safe.action!r} has no output topic")
     return problems

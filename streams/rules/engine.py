@@ -51,9 +51,9 @@ def compile_rules(specs: Iterable[RuleSpec]) -> list[CompiledRule]:
     return [CompiledRule(spec, i) for i, spec in enumerate(specs)]
 
 
-def action_id(rule: str, device: str, window_end: int) -> str:
-    """Deterministic id of an action: the same rule on the same device and window gives the same id."""
-    return hashlib.sha256(f"{rule}|{device}|{window_end}".encode()).hexdigest()[:32]
+def action_id(rule: str, entity: str, time: int) -> str:
+    """Deterministic id of an action: the same rule on the same entity and time gives the same id."""
+    return hashlib.sha256(f"{rule}|{entity}|{time}".encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class RuleBook:
 
     @classmethod
     def build(cls, specs: Iterable[RuleSpec], source: str, version: int, topics: dict[str, str]) -> RuleBook:
-        """Compile ``specs``; ``topics`` maps every action type to its topic (rules may name one explicitly)."""
+        """Compile ``specs``; ``topics`` maps action types (and output topics) to topics (rules may name one)."""
         compiled = compile_rules(specs)
         for rule in compiled:
             topic = rule.spec.topic or topics.get(rule.spec.action)

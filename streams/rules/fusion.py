@@ -1,6 +1,7 @@
 """Multi-model fusion: several models' predictions of one entity and window become one.
 
-Members arrive in any order, from one topic or several. A group ``(device, window_end)``
+Members arrive in any order, from one topic or several. A group ``(entity, time)`` (the rule
+processor's declared entity and time fields, e.g. ``(device_id, window_end)``)
 is fused as soon as every active member is in, or when it has waited ``wait_ms`` (wall
 clock) for the late ones — then with what it has, and the fused prediction says which
 members were missing. Methods:
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from streams.delivery import Record
@@ -28,8 +30,8 @@ from streams.rules.spec import FusionSpec
 
 @dataclass
 class Group:
-    device: str
-    window_end: int
+    entity: str
+    time: int
     opened: float  # monotonic seconds
     members: dict[str, tuple[Record, dict]] = field(default_factory=dict)  # model → (record, prediction)
 
@@ -47,8 +49,9 @@ class Fused:
 class Fusion:
     """Holds open groups and fuses them when complete or past the wait."""
 
-    def __init__(self, spec: FusionSpec, clock=time.monotonic):
+    def __init__(self, spec: FusionSpec, key: Callable[[dict], tuple[str, int]], clock=time.monotonic):
         self.spec = spec
+        self.key = key  # the group of a prediction: its (entity, time)
         self.weights = {m.model: m.weight for m in spec.members}
         self.clock = clock
         self.groups: dict[tuple[str, int], Group] = {}
@@ -63,7 +66,7 @@ class Fusion:
         model = prediction["model_name"]
         if model not in self.active(cheap_only):
             return []
-        key = (prediction["device_id"], prediction["window_end"])
+        key = self.key(prediction)
         if key in self.decided:
             self.late += 1
             return []
@@ -112,7 +115,7 @@ class Fusion:
 
 
 def fuse(method: str, predictions: list[dict], weights: dict[str, float]) -> dict:
-    """One prediction from several (same device and window), by ``method``."""
+    """One prediction from several (same entity and time), by ``method``."""
     ordered = sorted(predictions, key=lambda p: p["model_name"])  # deterministic whatever the arrival order
     w = [weights.get(p["model_name"], 1.0) for p in ordered]
     total = sum(w)

@@ -1,16 +1,17 @@
 """The rule processor (seed node 4): predictions and feature windows → explainable actions.
 
 Inputs: the prediction topic(s) and, for degradation, the feature-window topic (a topic whose
-schema has ``model_name`` carries predictions; any other carries feature windows). Per
-micro-batch, at the level in effect:
+schema has ``model_name`` carries predictions; any other carries feature windows). A decision is
+about one entity at one time: the declared ``entity_field`` and ``time_field`` of the records
+(``device_id`` and ``window_end`` in the reference app). Per micro-batch, at the level in effect:
 
 * **L0 / L1**: each prediction (or each fused group of predictions, see :mod:`streams.rules.fusion`)
-  is evaluated by the rules of that level with the device's online features (Redis); at L1 the
+  is evaluated by the rules of that level with the entity's online features (Redis); at L1 the
   ``expensive`` fusion members are not waited for;
 * **L2**: each feature window is evaluated by the L2 rules — features only, no model;
 * **L3**: each feature window yields the declared safe default.
 
-Of the matching rules of one action type, the highest-priority one fires; a cooldown per device
+Of the matching rules of one action type, the highest-priority one fires; a cooldown per entity
 and action type (event time) and a per-window dedup hold back repeats. Every action names the
 rule, its inputs, the model versions, the rule-set version and the level in effect, with a
 deterministic ``event_id``. One entity window is decided on one path: a window decided without
@@ -39,7 +40,7 @@ from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
 from streams.errors import TangramError, TopologyError
 from streams.feast.layout import FeastLayout
-from streams.features import FEATURE_SET, online_layout, read_online_features
+from streams.features import online_layout, read_online_features
 from streams.rules.degradation import GoldenSignals, LevelController
 from streams.rules.engine import CompiledRule, RuleBook, action_id
 from streams.rules.fusion import Fused, Fusion
@@ -80,26 +81,25 @@ class RuleProcessor(Processor):
         self.output_codecs = output_codecs
         self.dlq_topic = dlq_topic
         self.settings = settings
+        self.entity, self.time = settings.entity_field, settings.time_field
         self.app = app
         self.bootstrap_servers = bootstrap_servers
-        self.topics = {t.rsplit(".", 1)[-1]: t for t in output_codecs}
+        try:
+            self.topics = settings.topics(list(output_codecs))  # action type or topic → topic
+            self.safe_topic = settings.safe_topic(list(output_codecs))
+        except TopologyError as exc:
+            raise TopologyError(f"rule processor {processor!r}: {exc}") from None
         self.book = RuleBook.build(settings.rules, "topology", 0, self.topics)
         spec = settings.degradation
-        self.safe_topic: str | None = None
-        if spec.safe_default is not None:
-            self.safe_topic = spec.safe_default.topic or self.topics.get(spec.safe_default.action)
-            if self.safe_topic not in output_codecs:
-                raise TopologyError(f"rule processor {processor!r}: safe default {spec.safe_default.action!r} has no "
-                                    f"output topic (outputs: {', '.join(output_codecs)})")
         self.rule_set_key = settings.rule_set or f"{app}.{processor}"
         self.redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
-        # the features processor's rows in Feast's Redis layout (its feature set, its Feast project)
-        self.features_layout = online or FeastLayout.of(FEATURE_SET, app)
+        # the features processor's rows in Feast's Redis layout (its feature set, its Feast project); None: no reads
+        self.features_layout = online
         self.signals = GoldenSignals(spec)
         self.levels = LevelController(spec, processor, settings.degradation_level)
-        self.fusion = Fusion(settings.fusion) if settings.fusion else None
-        self._last_fired: dict[tuple[str, str], int] = {}  # (device, action) → window_end of the last firing
-        self._fired_windows: dict[tuple[str, str], int] = {}  # (device, rule) → window_end it last fired on
+        self.fusion = Fusion(settings.fusion, lambda p: (p[self.entity], p[self.time])) if settings.fusion else None
+        self._last_fired: dict[tuple[str, str], int] = {}  # (entity, action) → time of the last firing
+        self._fired_windows: dict[tuple[str, str], int] = {}  # (entity, rule) → time it last fired on
         self._decided: OrderedDict[tuple[str, int], bool] = OrderedDict()  # entity window → decided by the model?
         self._lock = threading.Lock()
         self._next_book: RuleBook | None = None
@@ -110,12 +110,13 @@ class RuleProcessor(Processor):
 
     @classmethod
     def build(cls, ctx: BuildContext) -> RuleProcessor:
-        settings = RulesSettings.model_validate(ctx.spec.params)
+        settings = ctx.settings(RulesSettings)
+        online = online_layout(ctx.topology, settings.features_from) if settings.features_from else None
         return cls(input_codecs={t: ctx.codec(t) for t in ctx.spec.inputs},
                    output_codecs={t: ctx.codec(t) for t in ctx.spec.outputs}, dlq_topic=ctx.dlq,
                    redis_url=ctx.stack.redis_url, settings=settings,
                    app=ctx.topology.app, processor=ctx.name, bootstrap_servers=ctx.stack.bootstrap_servers,
-                   online=online_layout(ctx.topology, settings.features_from))
+                   online=online)
 
     # -- lifecycle ---------------------------------------------------------------------
     def setup(self) -> None:
@@ -205,10 +206,10 @@ class RuleProcessor(Processor):
                 continue
             if record.topic in self.prediction_topics:
                 predictions.append((record, value))
-                self.signals.prediction(value["device_id"], value["window_end"], value.get("inference_ms", 0.0))
+                self.signals.prediction(value[self.entity], value[self.time], value.get("inference_ms", 0.0))
             else:
                 windows.append((record, value))
-                self.signals.window(value["device_id"], value["window_end"])
+                self.signals.window(value[self.entity], value[self.time])
         level = self.levels.update(self.signals.values())
         if level in ("L0", "L1"):
             outputs += self._decide_predictions(predictions, level)
@@ -236,12 +237,12 @@ class RuleProcessor(Processor):
         if self.fusion is not None:
             fused: list[Fused] = []
             for record, prediction in predictions:
-                if self._seen_other_path((prediction["device_id"], prediction["window_end"]), by_model=True):
+                if self._seen_other_path((prediction[self.entity], prediction[self.time]), by_model=True):
                     continue
                 fused += self.fusion.add(record, prediction, cheap_only=level != "L0")
             return self._decide_fused(fused, level)
         todo = [(r, p) for r, p in predictions
-                if not self._seen_other_path((p["device_id"], p["window_end"]), by_model=True)]
+                if not self._seen_other_path((p[self.entity], p[self.time]), by_model=True)]
         return self._evaluate([(r, p, ()) for r, p in todo], level, with_online=True)
 
     def _decide_fused(self, fused: list[Fused], level: Level) -> list[Output]:
@@ -258,7 +259,7 @@ class RuleProcessor(Processor):
         return self._evaluate(items, level, with_online=True)
 
     def _decide_windows(self, windows: list[tuple[Record, dict]], level: Level) -> list[Output]:
-        todo = [(r, w) for r, w in windows if not self._seen_other_path((w["device_id"], w["window_end"]), by_model=False)]
+        todo = [(r, w) for r, w in windows if not self._seen_other_path((w[self.entity], w[self.time]), by_model=False)]
         if level == "L3":
             return [o for r, w in todo if (o := self._safe_default(r, w)) is not None]
         return self._evaluate([(r, w, ()) for r, w in todo], level, with_online=False)
@@ -280,10 +281,10 @@ class RuleProcessor(Processor):
             return []
         rules = self.book.at(level)
         online: list[dict] = [{}] * len(items)
-        if with_online and rules:
-            devices = list(dict.fromkeys(v["device_id"] for _, v, _ in items))  # one read per device and batch
-            by_device = dict(zip(devices, read_online_features(self.redis, devices, self.features_layout)))
-            online = [by_device[v["device_id"]] for _, v, _ in items]
+        if with_online and rules and self.features_layout is not None:
+            entities = list(dict.fromkeys(v[self.entity] for _, v, _ in items))  # one read per entity and batch
+            by_entity = dict(zip(entities, read_online_features(self.redis, entities, self.features_layout)))
+            online = [by_entity[v[self.entity]] for _, v, _ in items]
         outputs = []
         # every symbol a rule reads is present (null when unknown): rule-engine's slow path for an
         # unknown symbol computes spelling suggestions before it falls back to null
@@ -307,23 +308,23 @@ class RuleProcessor(Processor):
                     outputs.append(out)
         return outputs
 
-    def _held_back(self, name: str, action: str, device: str, end: int, cooldown_ms: int) -> bool:
-        if self._fired_windows.get((device, name)) == end:
+    def _held_back(self, name: str, action: str, entity: str, end: int, cooldown_ms: int) -> bool:
+        if self._fired_windows.get((entity, name)) == end:
             SUPPRESSED.labels(self.name, name, "duplicate").inc()
             return True
-        last = self._last_fired.get((device, action))
+        last = self._last_fired.get((entity, action))
         if last is not None and 0 <= end - last < cooldown_ms:
             SUPPRESSED.labels(self.name, name, "cooldown").inc()
             return True
-        self._last_fired[(device, action)] = end
-        self._fired_windows[(device, name)] = end
+        self._last_fired[(entity, action)] = end
+        self._fired_windows[(entity, name)] = end
         return False
 
     def _fire(self, rule: CompiledRule, record: Record, value: dict, context: dict, level: Level,
               missing: tuple[str, ...]) -> Output | None:
-        spec, device, end = rule.spec, value["device_id"], value["window_end"]
+        spec, entity, end = rule.spec, value[self.entity], value[self.time]
         cooldown = self.settings.cooldown_ms if spec.cooldown_s is None else int(spec.cooldown_s * 1000)
-        if self._held_back(spec.name, spec.action, device, end, cooldown):
+        if self._held_back(spec.name, spec.action, entity, end, cooldown):
             return None
         inputs = {s: float(context[s]) for s in rule.symbols
                   if isinstance(context.get(s), (int, float)) and not isinstance(context.get(s), bool)}
@@ -341,19 +342,19 @@ class RuleProcessor(Processor):
     def _safe_default(self, record: Record, window: dict) -> Output | None:
         safe = self.settings.degradation.safe_default
         assert safe is not None and self.safe_topic is not None
-        if self._held_back("safe_default", safe.action, window["device_id"], window["window_end"],
+        if self._held_back("safe_default", safe.action, window[self.entity], window[self.time],
                            self.settings.cooldown_ms):
             return None
         return self._action("safe_default", safe.action, self.safe_topic, record, window, safe.reason, {}, "L3", ())
 
     def _action(self, rule: str, action_type: str, topic: str, record: Record, value: dict, reason: str,
                 inputs: dict[str, float], level: Level, missing: tuple[str, ...]) -> Output:
-        device, end = value["device_id"], value["window_end"]
+        entity, end = value[self.entity], value[self.time]
         has_model = "model_name" in value
         action: dict[str, Any] = {
-            "event_id": action_id(rule, device, end),
+            "event_id": action_id(rule, entity, end),
             "action_type": action_type,
-            "device_id": device,
+            self.entity: entity,
             "rule": rule,
             "reason": reason,
             "inputs": inputs,
@@ -365,13 +366,13 @@ class RuleProcessor(Processor):
                 {value["model_name"]: value["model_version"]} if has_model else {}),
             "missing_models": list(missing),
             "rule_set": self.book.source if rule != "safe_default" else "degradation.safe_default",
-            "window_end": end,
+            self.time: end,
             "degradation_level": level,
             "trace_id": value.get("trace_id") or record.header(H_TRACE_ID),
         }
         FIRED.labels(self.name, rule, level).inc()
         headers = carry_headers(record, **{H_EVENT_ID: action["event_id"]})
-        return Output(topic, device, self.output_codecs[topic].encode(action), headers)
+        return Output(topic, entity, self.output_codecs[topic].encode(action), headers)
 
 
 def _has_field(codec: AvroCodec, name: str) -> bool:

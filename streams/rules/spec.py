@@ -28,14 +28,14 @@ class RuleSpec(_Frozen):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     when: str = Field(min_length=1, description="A rule-engine expression over prediction fields and online features.")
     action: str = Field(min_length=1, description="The action type it emits (maintenance, alert, review, ...).")
-    topic: str | None = Field(None, description="The action topic; default `<app>.actions.<action>`.")
+    topic: str | None = Field(None, description="The action topic; default the processor's `actions` entry for it.")
     priority: int = Field(0, description="Higher runs first; of the rules of one action type that match a record, "
                                          "only the highest-priority one fires.")
-    cooldown_s: float | None = Field(None, ge=0, description="Per device and action type (event time); "
+    cooldown_s: float | None = Field(None, ge=0, description="Per entity and action type (event time); "
                                                              "default the processor's `cooldown_ms`.")
     enabled: bool = True
     levels: tuple[Level, ...] = Field(("L0", "L1"), min_length=1, description=(
-        "Degradation levels it runs at. At L0/L1 a rule reads a prediction and the device's online features; "
+        "Degradation levels it runs at. At L0/L1 a rule reads a prediction and the entity's online features; "
         "at L2 it reads the feature window only (no model: prediction fields are null); at L3 only the safe "
         "default runs."))
 
@@ -79,10 +79,10 @@ class FusionSpec(_Frozen):
 
 
 class SafeDefault(_Frozen):
-    """What the processor emits at L3, once per device and cooldown, for every feature window."""
+    """What the processor emits at L3, once per entity and cooldown, for every feature window."""
 
     action: str = Field(min_length=1)
-    topic: str | None = None
+    topic: str | None = Field(None, description="Default: the processor's `actions` entry for the action.")
     reason: str = "degradation level L3: the declared safe default"
 
 
@@ -124,8 +124,14 @@ class RulesSettings(_Frozen):
     """``params`` of a rule processor in the topology."""
 
     rules: tuple[RuleSpec, ...] = Field(min_length=1)
-    cooldown_ms: int = Field(30_000, ge=0, description="Per device and action type, in event time.")
-    features_from: str = Field("features", description="The feature processor whose online features rules may read.")
+    entity_field: str = Field(description="The field naming the entity in the inputs and the actions (the Kafka key).")
+    time_field: str = Field("window_end", description="The event time a decision is about (epoch ms), in the inputs "
+                                                      "and the actions: cooldowns and one decision per entity and time.")
+    actions: dict[str, str] = Field(default_factory=dict, description="Action type → its topic (one of the outputs), "
+                                                                     "for rules and the safe default that name none.")
+    cooldown_ms: int = Field(30_000, ge=0, description="Per entity and action type, in event time.")
+    features_from: str | None = Field(None, description="The feature processor whose online features rules may read; "
+                                                        "none: rules read the record only.")
     degradation_level: Level = Field("L0", description="The manual level until the config center says otherwise.")
     rule_set: str | None = Field(None, description="Key in the config center's business-rule namespace that overrides "
                                                    "`rules`; default `<app>.<processor>`.")
@@ -138,6 +144,25 @@ class RulesSettings(_Frozen):
     @classmethod
     def _unique_rules(cls, rules: tuple[RuleSpec, ...]) -> tuple[RuleSpec, ...]:
         return _unique(rules)
+
+    def topics(self, outputs: list[str]) -> dict[str, str]:
+        """Where an action goes: each action type of ``actions`` and each output topic → its topic.
+
+        Raises TopologyError when ``actions`` names a topic that is not one of ``outputs``."""
+        unknown = {a: t for a, t in self.actions.items() if t not in outputs}
+        if unknown:
+            raise TopologyError(f"`actions` names topics that are not outputs of the processor: {unknown}")
+        return {**self.actions, **{t: t for t in outputs}}
+
+    def safe_topic(self, outputs: list[str]) -> str | None:
+        """The safe default's topic (None without a safe default); TopologyError when it has none among ``outputs``."""
+        safe = self.degradation.safe_default
+        if safe is None:
+            return None
+        topic = safe.topic or self.actions.get(safe.action)
+        if topic not in outputs:
+            raise TopologyError(f"safe default {safe.action!r} has no output topic (outputs: {', '.join(outputs)})")
+        return topic
 
     @model_validator(mode="after")
     def _l3_needs_default(self) -> RulesSettings:

@@ -16,7 +16,7 @@ import urllib.request
 from functools import partial
 from pathlib import Path
 
-from streams import PROJECT_ROOT
+import inference_workers
 from streams.errors import StackError
 from streams.settings import StackSettings
 from streams.stack import kafka
@@ -75,20 +75,23 @@ def _prepare_redis(settings: StackSettings) -> None:
     (settings.home / "redis").mkdir(parents=True, exist_ok=True)
 
 
+#: The model server, run as a script by the model-server environment's interpreter: that environment
+#: (numpy<2) must not see the application's packages, so the script imports nothing of them.
+TRITON_SERVER = Path(inference_workers.__file__).with_name("triton_server.py")
+
+
 def _prepare_triton(settings: StackSettings) -> None:
     _need_python(settings.triton_python, "Triton")
-    if not any(settings.model_repository.glob("*/[0-9]*/model.onnx")):
-        raise StackError(f"no model in {settings.model_repository} (*/<version>/model.onnx): "
-                         "run `tangram model train` first")
+    settings.model_repository.mkdir(parents=True, exist_ok=True)  # apps' models arrive with `tangram apply`
 
 
 def _triton_env(settings: StackSettings) -> dict[str, str]:
-    """PYTHONPATH to the project, and LD_LIBRARY_PATH to the Triton interpreter's own libpython.
+    """LD_LIBRARY_PATH to the Triton interpreter's own libpython.
 
     PyTriton's Python-backend stub links ``libpython3.11.so``; without this it may load the
     system's and fail.
     """
-    env = {"PYTHONPATH": str(PROJECT_ROOT)}
+    env: dict[str, str] = {}
     if settings.triton_python.exists():
         libdir = subprocess.run(
             [str(settings.triton_python), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
@@ -129,8 +132,6 @@ def build(settings: StackSettings) -> list[ManagedProcess]:
             address=settings.registry_url,
             probe=partial(_http_ok, f"{settings.registry_url}/subjects"),
             prepare=partial(_prepare_registry, settings),
-            cwd=PROJECT_ROOT,
-            env=lambda: {"PYTHONPATH": str(PROJECT_ROOT)},
             **files("registry"),
         ),
         ManagedProcess(
@@ -148,12 +149,12 @@ def build(settings: StackSettings) -> list[ManagedProcess]:
         ),
         ManagedProcess(
             name="triton",
-            argv=lambda: [str(settings.triton_python), "-m", "inference_workers.triton_server",
+            argv=lambda: [str(settings.triton_python), str(TRITON_SERVER),
                           "--model-repository", str(settings.model_repository), "--host", h,
                           "--http-port", str(settings.triton_http_port),
                           "--grpc-port", str(settings.triton_grpc_port),
                           "--metrics-port", str(settings.triton_metrics_port)],
-            marker="inference_workers.triton_server",
+            marker=str(TRITON_SERVER),
             host=h,
             ports={"http": settings.triton_http_port, "grpc": settings.triton_grpc_port,
                    "metrics": settings.triton_metrics_port},
@@ -161,7 +162,6 @@ def build(settings: StackSettings) -> list[ManagedProcess]:
                     f"metrics :{settings.triton_metrics_port})",
             probe=partial(_http_ok, f"http://{settings.triton_http_url}/v2/health/ready"),
             prepare=partial(_prepare_triton, settings),
-            cwd=PROJECT_ROOT,
             env=partial(_triton_env, settings),
             stop_timeout_s=20.0,
             **files("triton"),

@@ -1,6 +1,6 @@
 """Kafka of the local stack: jars from Maven Central, KRaft configuration, storage format.
 
-The broker is Apache Kafka 4.x from Maven Central (``stack/kafka/pom.xml``), run as one
+The broker is Apache Kafka 4.x from Maven Central (``streams/stack/maven/kafka-pom.xml``), run as one
 process in KRaft combined mode (broker and controller, ``node.id=1``) with
 ``java -cp '<home>/kafka/libs/*' kafka.Kafka server.properties``.
 """
@@ -15,13 +15,13 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from streams import PROJECT_ROOT
 from streams.errors import StackError
 from streams.settings import StackSettings
 
 log = logging.getLogger("tangram.stack")
 
-POM = PROJECT_ROOT / "stack" / "kafka" / "pom.xml"
+#: Package data, copied next to the jars before Maven runs (Maven writes ``target/`` beside its pom).
+POM = Path(__file__).with_name("maven") / "kafka-pom.xml"
 JVM_OPTS = [
     "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
     "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
@@ -90,7 +90,10 @@ def fetch_jars(settings: StackSettings) -> Path:
     staging = libs.with_name("libs.tmp")
     shutil.rmtree(staging, ignore_errors=True)
     log.info("resolving kafka jars from %s with maven into %s", POM, libs)
-    cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+    pom = libs.parent / "pom.xml"
+    pom.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(POM, pom)
+    cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
            "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):

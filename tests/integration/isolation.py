@@ -6,16 +6,15 @@ import re
 import uuid
 from pathlib import Path
 
-from streams import PROJECT_ROOT
-
-REFERENCE = PROJECT_ROOT / "topologies" / "predictive_maintenance.yaml"
+from reference import PM_TOPOLOGY as REFERENCE
+from streams.namespace import rooted
 _TOPIC = re.compile(r"\bpm\.(raw|ingest|features|predictions|actions|dlq|sim|monitor)\.([a-z_]+)\b(?!-value)")
 
 
 def isolated_topology(tmp_path: Path, source: Path = REFERENCE) -> tuple[Path, str]:
     """Copy ``source`` with every ``pm.*`` topic and the app name under a fresh prefix."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
-    text = _TOPIC.sub(lambda m: f"{prefix}.{m.group(1)}.{m.group(2)}", source.read_text())
+    text = _TOPIC.sub(lambda m: f"{prefix}.{m.group(1)}.{m.group(2)}", rooted(source.read_text(), source.parent))
     text = re.sub(r"^app: pm$", f"app: {prefix}", text, flags=re.M)
     path = tmp_path / f"{prefix}.yaml"
     path.write_text(text)

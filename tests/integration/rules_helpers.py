@@ -17,7 +17,8 @@ from streams.delivery import Runner, RunnerConfig
 from streams.plan import apply
 from streams.run import build_processor
 from streams.settings import StackSettings
-from streams.topology import Topology, load_schema, load_topology
+from streams.topology import Topology, load_topology
+from reference import load_schema
 
 from isolation import isolated_topology
 

@@ -42,12 +42,12 @@ from confluent_kafka import Producer
 from onnx import numpy_helper
 
 from inference_workers.routing import ModelTarget, key_bucket
-from inference_workers.train import build_dataset, train
-from streams import PROJECT_ROOT
+from pm_app.train import build_dataset, train
+from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
 from streams.delivery import Runner, RunnerConfig
-from streams.features import FEATURE_NAMES
-from streams.features.testing import read_rows
+from pm_app import FEATURE_NAMES
+from streams.testing import read_rows
 from streams.launcher import LauncherSettings, Processors
 from streams.lifecycle import ModelRegistry, ModelRegistryWatcher, Stage
 from streams.lifecycle.artifacts import sha256_file
@@ -56,7 +56,8 @@ from streams.monitor.scrape import scrape
 from streams.plan import apply
 from streams.run import build_processor
 from streams.settings import StackSettings
-from streams.topology import load_schema, load_topology
+from streams.topology import load_topology
+from reference import load_schema
 
 from conftest import stack_env
 from isolation import isolated_topology

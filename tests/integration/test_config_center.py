@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import REGISTRY
 
 from conftest import stack_env
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.config_center import ConfigCenter, ConfigOp, ConfigSubscriber, Scope
 from streams.errors import ConfigValidationError
 from streams.settings import StackSettings

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.config_center import ConfigCenter
 from streams.launcher import Processors
 

@@ -14,12 +14,13 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
-from streams.features.testing import read_rows
+from streams.testing import read_rows
 from streams.plan import apply
 from streams.run import make_runner
-from streams.topology import load_schema, load_topology
+from streams.topology import load_topology
+from reference import load_schema
 
 from isolation import isolated_topology
 

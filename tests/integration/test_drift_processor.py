@@ -10,11 +10,12 @@ from confluent_kafka import Consumer, Producer
 from streams.avro import codec
 from streams.launcher import LauncherSettings, Processors
 from streams.monitor.baseline import DatasetParams
-from streams.monitor.measure import declared_delay_rows, feature_rows, stamp
+from pm_app.drift import declared_delay_rows, feature_rows, stamp
 from streams.monitor.scrape import scrape
 from streams.plan import apply
-from streams.simulator import Drift
-from streams.topology import load_schema, load_topology
+from pm_app.simulator import Drift
+from streams.topology import load_topology
+from reference import load_schema
 
 from isolation import isolated_topology
 

@@ -23,13 +23,13 @@ import pytest
 import redis
 from confluent_kafka import Producer
 
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
 from streams.feast.layout import FeastLayout
 from streams.features.online import read_online_features
 from streams.features.spec import DEFAULT_FEATURE_SET, load_feature_set
-from streams.features.testing import create_topics
-from streams.topology import load_schema
+from streams.testing import create_topics
+from reference import load_schema
 
 pytestmark = pytest.mark.integration
 

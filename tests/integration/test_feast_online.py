@@ -21,13 +21,15 @@ import pytest
 import redis
 from isolation import isolated_topology
 
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
-from streams.features import FEATURE_SET, online_layout, read_online_features
-from streams.features.testing import count_records, expected_windows, produce_readings, read_rows, recorded_readings
+from pm_app import FEATURE_SET
+from streams.features import online_layout, read_online_features
+from streams.testing import count_records, expected_windows, produce_readings, read_rows, recorded_readings
 from streams.plan import apply
 from streams.run import make_runner
-from streams.topology import load_schema, load_topology
+from streams.topology import load_topology
+from reference import load_schema
 
 pytestmark = pytest.mark.integration
 

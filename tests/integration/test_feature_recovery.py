@@ -21,11 +21,11 @@ import pytest
 import redis
 from isolation import isolated_topology
 
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
 from streams.features.engine import online_layout
 from streams.features.online import read_online_features
-from streams.features.testing import (
+from streams.testing import (
     by_window,
     count_records,
     diff_rows,
@@ -36,7 +36,8 @@ from streams.features.testing import (
 )
 from streams.plan import apply
 from streams.run import make_runner
-from streams.topology import load_schema, load_topology
+from streams.topology import load_topology
+from reference import load_schema
 
 pytestmark = pytest.mark.integration
 

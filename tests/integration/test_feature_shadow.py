@@ -15,8 +15,9 @@ from streams.context import BuildContext
 from streams.delivery import Record
 from streams.features import online_layout, read_online_features
 from streams.plan import apply
-from streams.simulator import SENSORS, Device
-from streams.topology import Topology, load_schema
+from pm_app.simulator import SENSORS, Device
+from streams.topology import Topology
+from reference import load_schema
 
 from isolation import isolated_topology
 

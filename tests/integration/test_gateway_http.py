@@ -14,7 +14,7 @@ from aiohttp import web
 from streams.avro import codec
 from streams.gateway.http import HttpGatewaySettings, build_app
 from streams.ingest import REJECTED
-from streams.topology import load_schema
+from reference import load_schema
 
 from gateway_helpers import free_port, headers, ingest_topology, read_topic
 

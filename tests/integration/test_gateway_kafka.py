@@ -17,7 +17,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from streams.avro import _plain, codec
 from streams.ingest import REJECTED
 from streams.run import make_runner
-from streams.topology import load_schema
+from reference import load_schema
 
 from gateway_helpers import headers, ingest_topology, read_topic
 

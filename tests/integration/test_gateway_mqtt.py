@@ -17,7 +17,7 @@ import pytest
 
 from streams.avro import codec
 from streams.gateway.mqtt import MqttGatewaySettings, serve
-from streams.topology import load_schema
+from reference import load_schema
 
 from gateway_helpers import free_port, headers, ingest_topology, read_topic
 

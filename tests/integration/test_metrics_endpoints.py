@@ -12,11 +12,11 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.launcher import LauncherSettings, Processors, read_endpoints
 from streams.monitor.scrape import Scrape, scrape
 from streams.plan import apply
-from streams.simulator import Fleet
+from pm_app.simulator import Fleet
 from streams.topology import load_topology
 
 from isolation import isolated_topology

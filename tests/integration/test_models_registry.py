@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.errors import ArtifactIntegrityError
 from streams.lifecycle import ModelRegistry, ModelRegistryWatcher, Stage
 from streams.lifecycle.artifacts import sha256_file
@@ -46,7 +46,7 @@ def cli(stack: StackSettings, *args: str) -> subprocess.CompletedProcess[str]:
 def test_registration_without_a_dataset_version_fails_and_writes_nothing(stack: StackSettings, topic: str,
                                                                           tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    shutil.copytree(PROJECT_ROOT / "inference_workers" / "model_repository" / "anomaly", repo / "anomaly")
+    shutil.copytree(PROJECT_ROOT / "topologies" / "predictive_maintenance" / "model_repository" / "anomaly", repo / "anomaly")
     card = json.loads((repo / "anomaly" / "model_card.json").read_text())
     del card["dataset_version"]
     (repo / "anomaly" / "model_card.json").write_text(json.dumps(card))

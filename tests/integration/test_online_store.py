@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from streams.feast.layout import FeastLayout
-from streams.features import FEATURE_SET
+from pm_app import FEATURE_SET
 from streams.features.online import OnlineLookup, OnlineWriter, read_online_features
 
 pytestmark = pytest.mark.integration

@@ -15,12 +15,13 @@ import pytest
 import redis
 from isolation import isolated_topology
 
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
 from streams.feast.layout import FeastLayout
-from streams.features import FEATURE_SET, faust_job
+from pm_app import FEATURE_SET
+from streams.features import faust_job
 from streams.features.online import read_online_features
-from streams.features.testing import (
+from streams.testing import (
     by_window,
     count_records,
     create_topics,
@@ -33,7 +34,8 @@ from streams.features.testing import (
 from streams.flink.launcher import job_argv, run_job
 from streams.plan import apply
 from streams.run import make_runner
-from streams.topology import load_schema, load_topology
+from streams.topology import load_topology
+from reference import load_schema
 
 pytestmark = pytest.mark.integration
 

@@ -13,11 +13,12 @@ from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
 
 from streams.avro import codec
-from streams.topology import load_schema, load_topology
+from streams.topology import load_topology
+from reference import load_schema
 from streams.trace import trace
 
 from streams.demo import run_pipeline
-from streams.simulator import Device, Fleet
+from pm_app.simulator import Device, Fleet
 
 from isolation import isolated_topology
 

@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.delivery import Output, Processor, Record, Runner, RunnerConfig
 from streams.errors import BackpressureError
-from streams.features.testing import count_records, read_rows
+from streams.testing import count_records, read_rows
 
 pytestmark = pytest.mark.integration
 

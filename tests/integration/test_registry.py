@@ -30,7 +30,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 
 pytestmark = pytest.mark.integration
 

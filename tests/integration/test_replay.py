@@ -14,7 +14,7 @@ from rich.console import Console
 from streams.launcher import high_watermarks
 from streams.plan import apply
 from streams.replay import agreement, backtest, delete_run, list_runs, replay, simulate_history
-from streams.simulator import Device, Fleet
+from pm_app.simulator import Device, Fleet
 from streams.topology import load_topology
 
 from isolation import isolated_topology
@@ -120,7 +120,7 @@ def test_backtest_is_isolated_deterministic_and_cleaned_up(stack, live):
 
 def test_backtest_of_two_versions_reports_the_difference_built_into_them(stack, live, tmp_path):
     """Version 1 against version 2, a model trained blind to overheating: the report shows it."""
-    from inference_workers.train import train
+    from pm_app.train import train
     from triton_helpers import REPOSITORY, TritonProcess, own_triton
 
     repo = tmp_path / "repo"

@@ -36,7 +36,7 @@ from inference_workers.triton_client import (
     TritonModel,
     VersionState,
 )
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.errors import InferenceError, InferenceUnavailableError
 from streams.settings import StackSettings
 
@@ -49,7 +49,7 @@ GRPC_URL = f"{HOST}:{GRPC_PORT}"
 READY_URL = f"http://{HOST}:{HTTP_PORT}/v2/health/ready"
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
-CONFIG = PROJECT_ROOT / "inference_workers" / "model_repository" / "anomaly" / "config.pbtxt"
+CONFIG = PROJECT_ROOT / "topologies" / "predictive_maintenance" / "model_repository" / "anomaly" / "config.pbtxt"
 
 
 def write_anomaly_model(path: Path, seed: int = 7, features: int = 27) -> None:

@@ -29,17 +29,18 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from inference_workers.routing import key_bucket
-from inference_workers.train import train
+from pm_app.train import train
 from inference_workers.triton_client import ModelRepository
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
 from streams.delivery import Record, Runner, RunnerConfig
 from streams.errors import BackpressureError
-from streams.features import FEATURE_NAMES
+from pm_app import FEATURE_NAMES
 from streams.plan import apply
 from streams.run import build_processor
 from streams.settings import StackSettings
-from streams.topology import Topology, load_schema, load_topology
+from streams.topology import Topology, load_topology
+from reference import load_schema
 
 from conftest import stack_env
 from isolation import isolated_topology

@@ -12,11 +12,12 @@ from inference_workers.worker import InferenceWorker
 from streams.avro import codec
 from streams.context import BuildContext
 from streams.delivery import Record
-from streams.features import FEATURE_NAMES
+from pm_app import FEATURE_NAMES
 from streams.lifecycle import ModelRegistry
 from streams.lifecycle.artifacts import card_fields, sha256_file
 from streams.plan import apply
-from streams.topology import load_schema, load_topology
+from streams.topology import load_topology
+from reference import load_schema
 
 from isolation import isolated_topology
 

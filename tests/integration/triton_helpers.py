@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.settings import StackSettings
 
 HOST = "127.0.0.1"
 _OFFSET = int(os.environ.get("TANGRAM_TEST_PORT_OFFSET", "0"))
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 28010 + _OFFSET, 28011 + _OFFSET, 28012 + _OFFSET
-REPOSITORY = PROJECT_ROOT / "inference_workers" / "model_repository"
+REPOSITORY = PROJECT_ROOT / "topologies" / "predictive_maintenance" / "model_repository"
 START_TIMEOUT_S = 120.0
 
 

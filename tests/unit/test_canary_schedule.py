@@ -14,6 +14,7 @@ from streams.lifecycle.canary_job import CanaryJob
 from streams.lifecycle.state import ModelEvent, ModelPolicy, RegistryState, Stage, version_from_fields
 from streams.settings import StackSettings
 from streams.statelog import LogRecord
+from reference import SCHEMAS
 from streams.topology import Topology
 
 SCHEDULE = {"initial_share": 0.1, "step": 0.2, "interval_s": 10, "max_share": 0.5, "min_events": 50,
@@ -149,7 +150,7 @@ def test_the_registry_and_the_worker_agree_on_which_entities_are_in_the_canary()
 
 def _context(**canary: Any) -> BuildContext:
     topology = Topology.model_validate({
-        "app": "pm",
+        "app": "pm", "schemas": str(SCHEMAS),
         "topics": {"pm.predictions.anomaly": {"schema": "pm.predictions.anomaly-value"},
                    "pm.features.device_window": {"schema": "pm.features.device_window-value"}},
         "processors": {"canary": {"kind": "streams.lifecycle.canary_job:CanaryJob",

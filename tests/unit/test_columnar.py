@@ -11,7 +11,7 @@ import pytest
 
 from streams.avro import _plain
 from streams.columnar import BatchCodec, MapColumn
-from streams.topology import load_schema
+from reference import load_schema
 
 HEADER = struct.pack(">bI", 0, 42)
 

@@ -4,11 +4,11 @@ import re
 
 import yaml
 
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.topology import load_topology
 
 COMPOSE = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())
-TOPOLOGY_FILE = "topologies/predictive_maintenance.yaml"
+TOPOLOGY_FILE = "topologies/predictive_maintenance"
 
 
 def test_every_processor_of_the_topology_is_a_service_running_it():

@@ -1,11 +1,10 @@
 import yaml
 
-from streams import PROJECT_ROOT
+from reference import pm_doc
 from streams.constraints import path, violations
 from streams.topology import Topology
 
-REPO = PROJECT_ROOT / "inference_workers" / "model_repository"
-REFERENCE = yaml.safe_load((PROJECT_ROOT / "topologies" / "predictive_maintenance.yaml").read_text())
+REFERENCE = pm_doc()
 
 
 def variant(**edits) -> Topology:
@@ -20,7 +19,7 @@ def variant(**edits) -> Topology:
 
 
 def test_reference_topology_is_sound():
-    assert violations(Topology.model_validate(REFERENCE), REPO) == []
+    assert violations(Topology.model_validate(REFERENCE)) == []
 
 
 def test_path_follows_topics_through_processors():
@@ -30,31 +29,31 @@ def test_path_follows_topics_through_processors():
 
 
 def test_batch_larger_than_the_model_accepts():
-    [msg] = violations(variant(**{"processors/inference/batch_size": 2048}), REPO)
+    [msg] = violations(variant(**{"processors/inference/batch_size": 2048}))
     assert "batch_size 2048 exceeds model 'anomaly' max_batch_size 1024" in msg
 
 
 def test_deadlines_that_would_outlive_the_poll_interval():
     calls = [{"service": "triton", "timeout_ms": 100_000, "retries": 2}]
-    [msg] = violations(variant(**{"processors/inference/calls": calls}), REPO)
+    [msg] = violations(variant(**{"processors/inference/calls": calls}))
     assert "300000 ms" in msg and "rebalance" in msg
 
 
 def test_sla_tighter_than_the_batching_delays():
-    [msg] = violations(variant(**{"sla/p99_ms": 200}), REPO)
+    [msg] = violations(variant(**{"sla/p99_ms": 200}))
     assert "ingest → features → inference → rules" in msg and "350 ms" in msg
 
 
 def test_more_replicas_than_partitions():
-    [msg] = violations(variant(**{"processors/rules/replicas": 5}), REPO)
+    [msg] = violations(variant(**{"processors/rules/replicas": 5}))
     assert "5 replicas" in msg and "3 partitions" in msg
 
 
 def test_baseline_rate_beyond_measured_capacity():
-    [msg] = violations(variant(**{"processors/ingest/compute": {"max_rate_per_replica": 100, "target_utilization": 0.5}}), REPO)
+    [msg] = violations(variant(**{"processors/ingest/compute": {"max_rate_per_replica": 100, "target_utilization": 0.5}}))
     assert "baseline 200/s" in msg and "= 50/s" in msg
 
 
 def test_canary_routing_needs_a_share():
-    [msg] = violations(variant(**{"processors/inference/evolution": {"routing": "canary"}}), REPO)
+    [msg] = violations(variant(**{"processors/inference/evolution": {"routing": "canary"}}))
     assert "canary_share" in msg

@@ -7,11 +7,14 @@ import re
 
 import yaml
 
-from streams import PROJECT_ROOT
-from streams.monitor.dashboards import DASHBOARD_DIR, DASHBOARDS, PROMETHEUS_FILE, dashboard_json, prometheus_yaml
-from streams.topology import load_topology
+from reference import REPO as PROJECT_ROOT
+from reference import pm_topology
+from streams.monitor import dashboards
+from streams.monitor.dashboards import DASHBOARDS, dashboard_json, prometheus_yaml
 
-TOPOLOGY = load_topology(PROJECT_ROOT / "topologies" / "predictive_maintenance.yaml")
+TOPOLOGY = pm_topology()
+PROMETHEUS_FILE = PROJECT_ROOT / "deploy" / dashboards.PROMETHEUS_FILE
+DASHBOARD_DIR = PROJECT_ROOT / "deploy" / dashboards.DASHBOARD_DIR
 COMPOSE = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())
 #: Metrics that exporters outside this repository define: Prometheus itself (`up`), prometheus_client's
 #: default process collector in every processor (`process_*`), and Triton's metrics endpoint (`nv_*`).
@@ -39,7 +42,7 @@ def metric_names(expr: str) -> set[str]:
 
 
 def test_the_scrape_config_is_generated_from_the_topology_and_current():
-    assert PROMETHEUS_FILE.read_text() == prometheus_yaml(TOPOLOGY), "run `tangram compose prometheus`"
+    assert PROMETHEUS_FILE.read_text() == prometheus_yaml(TOPOLOGY), "run `tangram compose prometheus topologies/predictive_maintenance`"
     for d in DASHBOARDS:
         path = DASHBOARD_DIR / f"{d.uid.removeprefix('tangram-')}.json"
         assert json.loads(path.read_text()) == dashboard_json(d), f"{path} is stale: run `tangram compose prometheus`"

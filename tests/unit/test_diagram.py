@@ -1,12 +1,12 @@
 import re
 
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 from streams.diagram import DIGEST_KEY, digest, png_text, render, to_dot, to_mermaid
 from streams.topology import load_topology
 
-TOPOLOGY = load_topology(PROJECT_ROOT / "topologies" / "predictive_maintenance.yaml")
+TOPOLOGY = load_topology(PROJECT_ROOT / "topologies" / "predictive_maintenance" / "topology.yaml")
 IMAGES = PROJECT_ROOT / "docs" / "images" / "predictive_maintenance"
-REGENERATE = "run `tangram diagram topologies/predictive_maintenance.yaml` and commit docs/images/"
+REGENERATE = "run `tangram diagram topologies/predictive_maintenance` and commit docs/images/"
 
 
 def test_dot_names_every_processor_topic_constraint_and_service():

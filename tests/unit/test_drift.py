@@ -3,29 +3,30 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 
-from streams.errors import DriftBaselineError
-from streams.features import FEATURE_NAMES
-from streams.monitor.baseline import DatasetParams, load_baseline, reference_matrix
-from streams.monitor.measure import (
+from pm_app import FEATURE_NAMES
+from pm_app.drift import (
     DECLARED_ALERT_RATE, declared_delay_rows, detect, false_alarms, feature_rows, references, stamp,
 )
+from pm_app.simulator import Device, Drift, windows_for_training
+from pm_app.train import DatasetParams
+from reference import PM
+from streams.errors import DriftBaselineError
+from streams.monitor.baseline import load_baseline
 from streams.monitor.processor import DriftMonitor, DriftSettings
 from streams.monitor.stats import DriftDetector, NumericReference, Thresholds, categorical, psi
-from streams.settings import StackSettings
-from streams.simulator import Device, Drift, windows_for_training
 
-CARD = StackSettings().model_repository / "anomaly" / "model_card.json"
+CARD = PM / "model_repository" / "anomaly" / "model_card.json"  # built by `make setup`
 WINDOW, STEP, CONSECUTIVE = 300, 100, 3  # the reference topology's drift params
 
 
 @pytest.fixture(scope="module")
 def refs():
-    x = reference_matrix(DatasetParams())
-    return references({name: x[:, j] for j, name in enumerate(FEATURE_NAMES)})
+    return references(load_baseline(CARD).features)
 
 
 # -- the simulator ------------------------------------------------------------------------------
@@ -45,7 +46,7 @@ def test_a_device_without_drift_samples_exactly_as_before():
 def test_drift_changes_its_sensor_from_its_start_only(drift, check):
     from dataclasses import replace
 
-    from streams.simulator import SENSORS
+    from pm_app.simulator import SENSORS
 
     t = np.arange(2000) / 100.0
     device = replace(Device.random("d", np.random.default_rng(1)), drifts=(drift,))
@@ -108,10 +109,10 @@ def test_a_drift_becomes_an_alert_once_after_the_declared_consecutive_evaluation
 
 
 # -- the baseline ------------------------------------------------------------------------------------
-def test_the_baseline_is_rebuilt_exactly_from_the_model_card():
+def test_the_baseline_is_the_training_sample_the_model_card_names():
     baseline = load_baseline(CARD)
     card = json.loads(CARD.read_text())
-    assert baseline.dataset_version == card["dataset_version"]
+    assert baseline.dataset_version == card["dataset_version"] == DatasetParams().version
     for name in FEATURE_NAMES:
         assert baseline.features[name].mean() == pytest.approx(card["baseline"][name]["mean"], rel=1e-9, abs=1e-12)
         assert np.quantile(baseline.features[name], 0.5) == pytest.approx(card["baseline"][name]["quantiles"][5])
@@ -119,9 +120,23 @@ def test_the_baseline_is_rebuilt_exactly_from_the_model_card():
     assert baseline.label_shares["healthy"] > 0.6 and len(baseline.confidence) == card["train_windows"]
 
 
-def test_a_baseline_with_other_dataset_parameters_is_refused():
-    with pytest.raises(DriftBaselineError, match="dataset"):
-        load_baseline(CARD, DatasetParams(seed=43))
+def test_a_baseline_sample_changed_after_training_is_refused(tmp_path):
+    model = shutil.copytree(CARD.parent, tmp_path / "anomaly")
+    sample = model / json.loads(CARD.read_text())["baseline_sample"]["file"]
+    data = bytearray(sample.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    sample.write_bytes(bytes(data))
+    with pytest.raises(DriftBaselineError, match="sha256"):
+        load_baseline(model / "model_card.json")
+
+
+def test_a_model_card_without_a_baseline_sample_says_what_the_training_script_must_do(tmp_path):
+    model = shutil.copytree(CARD.parent, tmp_path / "anomaly")
+    card = json.loads(CARD.read_text())
+    del card["baseline_sample"]
+    (model / "model_card.json").write_text(json.dumps(card))
+    with pytest.raises(DriftBaselineError, match="write_baseline"):
+        load_baseline(model / "model_card.json")
 
 
 # -- measured promises ---------------------------------------------------------------------------------
@@ -161,7 +176,9 @@ class _Config:
 
 def test_config_center_thresholds_override_the_topology_defaults():
     monitor = DriftMonitor(codecs={}, monitors={}, drift_topic="pm.monitor.drift", alert_topic="pm.actions.alert",
-                           dlq_topic="pm.dlq.monitor", card_path=CARD, settings=DriftSettings())
+                           dlq_topic="pm.dlq.monitor", card_path=CARD,
+                           settings=DriftSettings(model="anomaly", drift_topic="pm.monitor.drift",
+                                                  alert_topic="pm.actions.alert", entity_field="device_id"))
     assert monitor.thresholds() == Thresholds()
     monitor.config = _Config({("monitor-threshold", "drift.psi"): 0.3, ("monitor-threshold", "drift.consecutive"): 2})
     assert monitor.thresholds() == Thresholds(psi=0.3, consecutive=2)

@@ -25,7 +25,7 @@ from streams.feast.layout import (
     field_hash,
 )
 from streams.feast.repo import INT_COLUMNS, Names, feature_columns, store_config
-from streams.features import FEATURE_SET
+from pm_app import FEATURE_SET
 
 
 def test_entity_key_is_feasts_serialization_v3_then_the_project():

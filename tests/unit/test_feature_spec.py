@@ -7,11 +7,12 @@ import json
 import pytest
 import yaml
 
-from streams import PROJECT_ROOT
+from pm_app import FEATURE_NAMES, FEATURE_SET
+from reference import PM, pm_topology
 from streams.errors import TopologyError
-from streams.features import FEATURE_NAMES, FEATURE_SET
-from streams.features.spec import DEFAULT_FEATURE_SET, FeatureSet, WindowSpec, load_feature_set
-from streams.topology import SCHEMA_DIR, load_topology
+from streams.features.spec import FeatureSet, WindowSpec, load_feature_set
+
+DEFAULT_FEATURE_SET = PM / "features" / "device_window.yaml"
 
 #: The model's input vector as trained and served before the declaration existed: never reorder.
 CONTRACT = (
@@ -31,17 +32,17 @@ def test_the_declaration_reproduces_the_feature_names_in_order():
 
 
 def test_the_declaration_matches_the_output_avro_schema_field_by_field():
-    schema = json.loads((SCHEMA_DIR / f"{FEATURE_SET.output.schema_}.avsc").read_text())
+    schema = pm_topology().schema(FEATURE_SET.output.schema_)
     assert tuple(f["name"] for f in schema["fields"]) == FEATURE_SET.columns
     assert all(f["type"] == "double" for f in schema["fields"] if f["name"] in FEATURE_NAMES)
 
 
 def test_the_declaration_names_the_topics_of_the_reference_topology():
-    topology = load_topology(PROJECT_ROOT / "topologies" / "predictive_maintenance.yaml")
+    topology = pm_topology()
     spec = topology.processors["features"]
     assert spec.inputs == [FEATURE_SET.source.topic] and spec.outputs == [FEATURE_SET.output.topic]
     assert topology.topics[FEATURE_SET.source.topic].schema_ == FEATURE_SET.source.schema_
-    assert load_feature_set(spec.params["feature_set"]) == FEATURE_SET
+    assert load_feature_set(topology.path(spec.params["feature_set"])) == FEATURE_SET
 
 
 def test_window_ttl_owner_and_ranges_are_declared():

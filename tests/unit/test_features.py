@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
 
-from streams.features import FEATURE_NAMES, FEATURE_SET, EntityWindows, band_energy, feature_vector, window_features
+from pm_app import FEATURE_NAMES, FEATURE_SET, feature_vector, window_features
+from streams.features import EntityWindows, band_energy
 from streams.features.spec import FeatureSet
-from streams.simulator import SENSORS, Device, Fleet, windows_for_training
+from pm_app.simulator import SENSORS, Device, Fleet, windows_for_training
 
 
 def test_window_features_match_a_plain_numpy_reference():
@@ -24,10 +25,10 @@ def test_window_features_match_a_plain_numpy_reference():
 
 def test_band_energy_separates_low_and_high_frequencies():
     t = np.arange(50) / 10.0
-    assert band_energy(np.sin(2 * np.pi * 1.0 * t), 10.0) < 0.05
-    assert band_energy(np.sin(2 * np.pi * 4.0 * t), 10.0) > 0.95
-    assert band_energy(np.full(50, 3.0), 10.0) == 0.0
-    assert band_energy(np.array([np.nan] * 50), 10.0) == 0.0
+    assert band_energy(np.sin(2 * np.pi * 1.0 * t), 10.0, 2.5) < 0.05
+    assert band_energy(np.sin(2 * np.pi * 4.0 * t), 10.0, 2.5) > 0.95
+    assert band_energy(np.full(50, 3.0), 10.0, 2.5) == 0.0
+    assert band_energy(np.array([np.nan] * 50), 10.0, 2.5) == 0.0
 
 
 def test_all_missing_sensor_gives_zeros_and_full_missing_rate():

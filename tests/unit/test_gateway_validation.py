@@ -10,7 +10,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from streams.avro import WireFormatError, _plain
 from streams.ingest import REJECTED, IngestSettings, Rejected, TokenBuckets, TokenBucketSettings, Validator
-from streams.topology import load_schema
+from reference import load_schema
 
 NOW = 1_800_000_000_000
 SCHEMA = load_schema("pm.ingest.telemetry-value")
@@ -24,7 +24,7 @@ def reading(**over):
 
 
 def make(**settings):
-    return Validator(SCHEMA, IngestSettings(**settings), name="unit")
+    return Validator(SCHEMA, IngestSettings(**{"entity_field": "device_id", "time_field": "ts", **settings}), name="unit")
 
 
 def rejected_count(reason):

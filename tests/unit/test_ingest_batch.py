@@ -21,7 +21,7 @@ from streams.avro import _plain
 from streams.columnar import BatchCodec
 from streams.delivery import Record
 from streams.ingest import IngestSettings, IngestValidator
-from streams.topology import load_schema
+from reference import load_schema
 
 NOW = 1_800_000_000_000
 SCHEMA = load_schema("pm.ingest.telemetry-value")
@@ -46,7 +46,8 @@ class Codec:
 
 
 def processor(batch: bool, **settings) -> IngestValidator:
-    base = {"ranges": {"temperature": (-40.0, 200.0), "vibration": (0.0, 100.0)}, "dedup_window": 50,
+    base = {"entity_field": "device_id", "time_field": "ts",
+            "ranges": {"temperature": (-40.0, 200.0), "vibration": (0.0, 100.0)}, "dedup_window": 50,
             "max_record_bytes": 400}
     return IngestValidator(output_codec=Codec(batch), output_topic="ok", dlq_topic="dlq",
                            settings=IngestSettings.model_validate({**base, **settings}), clock=lambda: NOW / 1000)

@@ -3,14 +3,14 @@ import json
 import pytest
 
 from streams.ingest import IngestSettings, Rejected, Validator
-from streams.topology import load_schema
+from reference import load_schema
 
 NOW = 1_800_000_000_000
 
 
 @pytest.fixture
 def validator():
-    settings = IngestSettings(max_record_bytes=512, ranges={"vibration": (0.0, 100.0)}, dedup_window=3)
+    settings = IngestSettings(entity_field="device_id", time_field="ts", max_record_bytes=512, ranges={"vibration": (0.0, 100.0)}, dedup_window=3)
     return Validator(load_schema("pm.ingest.telemetry-value"), settings)
 
 
@@ -61,7 +61,7 @@ def test_dedup_window_remembers_recent_event_ids(validator):
 def test_input_quality_is_counted_per_field():
     from prometheus_client import REGISTRY
 
-    v = Validator(load_schema("pm.ingest.telemetry-value"), IngestSettings(ranges={"vibration": (0.0, 100.0)}), "quality")
+    v = Validator(load_schema("pm.ingest.telemetry-value"), IngestSettings(entity_field="device_id", time_field="ts", ranges={"vibration": (0.0, 100.0)}), "quality")
 
     def sample(name, **labels):
         return REGISTRY.get_sample_value(name, {"stream": "quality", **labels}) or 0.0

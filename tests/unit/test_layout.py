@@ -2,7 +2,7 @@
 
 from collections import Counter
 
-from streams import PROJECT_ROOT
+from reference import REPO as PROJECT_ROOT
 
 
 def test_test_modules_have_unique_basenames():

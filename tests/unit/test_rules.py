@@ -52,7 +52,7 @@ def test_action_ids_are_deterministic():
 
 # ---- priorities, levels, rule books ------------------------------------------------------------
 
-from streams import PROJECT_ROOT  # noqa: E402
+from reference import REPO as PROJECT_ROOT  # noqa: E402
 from streams.config_center.schemas import DEFAULT_SCHEMAS  # noqa: E402
 from streams.errors import ConfigValidationError  # noqa: E402
 from streams.rules import RuleBook, RuleSetValue  # noqa: E402
@@ -119,7 +119,7 @@ def test_config_center_refuses_a_malformed_rule_at_publish_with_name_position_an
 
 
 def test_plan_check_names_the_processor_and_the_rule(tmp_path):
-    text = (PROJECT_ROOT / "topologies" / "predictive_maintenance.yaml").read_text()
+    text = (PROJECT_ROOT / "topologies" / "predictive_maintenance" / "topology.yaml").read_text()
     assert rule_problems(_write(tmp_path, text)) == []
     broken = text.replace("when: \"temperature_mean > 72\"", "when: \"temperature_mean > = 72\"")
     [problem] = rule_problems(_write(tmp_path, broken))
@@ -127,6 +127,9 @@ def test_plan_check_names_the_processor_and_the_rule(tmp_path):
 
 
 def _write(tmp_path, text):
+    from reference import PM
+    from streams.namespace import rooted
+
     path = tmp_path / "t.yaml"
-    path.write_text(text)
+    path.write_text(rooted(text, PM))
     return load_topology(path)

@@ -7,6 +7,10 @@ from streams.rules.fusion import Fusion, fuse
 from streams.rules.spec import FusionSpec
 
 
+#: The rule processor groups predictions by its declared entity and time fields.
+KEY = lambda p: (p["device_id"], p["window_end"])  # noqa: E731
+
+
 def pred(model, label, score, version="1", device="dev-1", end=5000, p=None):
     probs = p or {"healthy": 1 - score, label if label != "healthy" else "bearing_wear": score}
     return {"event_id": f"{model}:{device}:{end}", "device_id": device, "window_start": end - 5000, "window_end": end,
@@ -57,7 +61,7 @@ def spec(**kw):
 
 
 def test_complete_group_is_fused_at_once_and_holds_back_the_commit_until_then():
-    fusion = Fusion(spec(), Clock())
+    fusion = Fusion(spec(), KEY, Clock())
     assert fusion.add(rec(7), pred("a", "bearing_wear", 0.9), cheap_only=False) == []
     assert fusion.committable("p", 0) == 7
     [done] = fusion.add(rec(8), pred("b", "bearing_wear", 0.8), cheap_only=False)
@@ -66,7 +70,7 @@ def test_complete_group_is_fused_at_once_and_holds_back_the_commit_until_then():
 
 def test_a_missing_member_is_fused_without_it_after_the_wait_and_says_so():
     clock = Clock()
-    fusion = Fusion(spec(), clock)
+    fusion = Fusion(spec(), KEY, clock)
     fusion.add(rec(1), pred("a", "bearing_wear", 0.9), cheap_only=False)
     clock.t = 1.9
     assert fusion.expire(cheap_only=False) == []
@@ -78,14 +82,14 @@ def test_a_missing_member_is_fused_without_it_after_the_wait_and_says_so():
 
 
 def test_at_l1_expensive_members_are_not_waited_for():
-    fusion = Fusion(spec(), Clock())
+    fusion = Fusion(spec(), KEY, Clock())
     [done] = fusion.add(rec(1), pred("a", "bearing_wear", 0.9), cheap_only=True)
     assert done.missing == () and fusion.add(rec(2), pred("b", "healthy", 0.1, end=10000), cheap_only=True) == []
 
 
 def test_too_few_members_is_no_decision():
     clock = Clock()
-    fusion = Fusion(spec(min_members=2), clock)
+    fusion = Fusion(spec(min_members=2), KEY, clock)
     fusion.add(rec(1), pred("a", "bearing_wear", 0.9), cheap_only=False)
     clock.t = 5
     [done] = fusion.expire(cheap_only=False)

@@ -4,7 +4,7 @@ import yaml
 from streams.errors import TopologyError
 from streams.topology import Topology, load_topology
 
-REFERENCE = "topologies/predictive_maintenance.yaml"
+REFERENCE = "topologies/predictive_maintenance"
 
 
 def test_reference_topology_round_trips_through_yaml():

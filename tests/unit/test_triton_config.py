@@ -13,10 +13,10 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from inference_workers import triton_server
-from inference_workers.triton_client import ANOMALY_CONTRACT, ModelContract, TensorContract
-from streams import PROJECT_ROOT
+from inference_workers.triton_client import ModelContract, TensorContract
+from reference import PM
 
-REPOSITORY = PROJECT_ROOT / "inference_workers" / "model_repository"
+REPOSITORY = PM / "model_repository"
 CONFIG = REPOSITORY / "anomaly" / "config.pbtxt"
 
 
@@ -40,28 +40,40 @@ def test_config_declares_the_tensors(config: model_config_pb2.ModelConfig) -> No
     ]
 
 
-def test_config_declares_dynamic_batching_and_one_cpu_instance(config: model_config_pb2.ModelConfig) -> None:
+def test_config_declares_dynamic_batching_and_one_instance_wherever_triton_runs(
+        config: model_config_pb2.ModelConfig) -> None:
+    """No instance kind: NVIDIA's Triton puts the instance on each GPU it has, the local one on the CPU."""
     assert config.HasField("dynamic_batching")
     assert list(config.dynamic_batching.preferred_batch_size) == [64, 256, 1024]
     assert config.dynamic_batching.max_queue_delay_microseconds == 2000
-    assert [(g.count, g.kind) for g in config.instance_group] == [(1, model_config_pb2.ModelInstanceGroup.KIND_CPU)]
+    assert [(g.count, g.kind) for g in config.instance_group] == [(1, model_config_pb2.ModelInstanceGroup.KIND_AUTO)]
     assert max(config.dynamic_batching.preferred_batch_size) <= config.max_batch_size
 
 
-def test_the_client_contract_is_the_config(config: model_config_pb2.ModelConfig) -> None:
-    """The contract the inference workers check at setup is the one the repository declares."""
-    (inp,) = config.input
-    (out,) = config.output
-    assert ANOMALY_CONTRACT == ModelContract(
-        input=TensorContract(
-            inp.name, model_config_pb2.DataType.Name(inp.data_type).removeprefix("TYPE_"), tuple(inp.dims)
-        ),
-        output=TensorContract(
-            out.name, model_config_pb2.DataType.Name(out.data_type).removeprefix("TYPE_"), tuple(out.dims)
-        ),
+def test_the_client_contract_is_read_from_the_config(config: model_config_pb2.ModelConfig) -> None:
+    """The contract the inference workers check at setup is the one the app's repository declares, labels included."""
+    contract = ModelContract.from_config(CONFIG.parent)
+    assert contract == ModelContract(
+        input=TensorContract("features", "FP32", (27,)),
+        output=TensorContract("probabilities", "FP32", (3,)),
         max_batch_size=config.max_batch_size,
+        labels=("healthy", "bearing_wear", "overheating"),
     )
-    assert ANOMALY_CONTRACT.input.numpy_dtype == np.float32
+    assert contract.input.numpy_dtype == np.float32
+
+
+def test_a_model_config_a_worker_cannot_serve_is_refused_with_the_reason(tmp_path: Path) -> None:
+    from streams.errors import InferenceError
+
+    (tmp_path / "two").mkdir()
+    (tmp_path / "two" / "config.pbtxt").write_text(CONFIG.read_text().replace(
+        'input [', 'input [\n  { name: "extra" data_type: TYPE_FP32 dims: [ 1 ] },', 1))
+    with pytest.raises(InferenceError, match="one input and one output"):
+        ModelContract.from_config(tmp_path / "two")
+    (tmp_path / "nolabels").mkdir()
+    (tmp_path / "nolabels" / "config.pbtxt").write_text(CONFIG.read_text())
+    with pytest.raises(InferenceError, match="labels.txt"):
+        ModelContract.from_config(tmp_path / "nolabels")
 
 
 def test_contract_rejects_an_unknown_datatype() -> None:

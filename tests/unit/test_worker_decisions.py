@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from inference_workers.routing import ModelTarget
+from inference_workers.triton_client import ModelContract
 from inference_workers.worker import InferenceSettings, InferenceWorker
 from streams.avro import AvroCodec
 from streams.delivery import Record
 from streams.errors import BackpressureError, InferenceError, InferenceUnavailableError
-from streams.features import FEATURE_NAMES
-from streams.topology import load_schema
+from pm_app import FEATURE_NAMES
+from reference import PM, load_schema
 
 POISON = -999.0  # a feature value the fake model refuses, as Triton refuses a row it cannot score
 
@@ -86,12 +87,14 @@ def window(device: str, start: int, value: float = 1.0) -> dict:
 
 def make_worker(**params) -> tuple[InferenceWorker, dict[ModelTarget, FakeModel]]:
     registry = FakeRegistry()
-    settings = InferenceSettings.model_validate(params)
+    settings = InferenceSettings.model_validate({"model": "anomaly", "features": FEATURE_NAMES,
+                                                 "negative_class": "healthy", **params})
     worker = InferenceWorker(
         input_codec=AvroCodec(registry, "pm.features.device_window-value", load_schema("pm.features.device_window-value")),
         output_codec=AvroCodec(registry, "pm.predictions.anomaly-value", load_schema("pm.predictions.anomaly-value")),
         output_topic="pm.predictions.anomaly", dlq_topic="pm.dlq.inference", triton_url="unused:0",
-        settings=settings, shadow_topic=settings.shadow_topic,
+        settings=settings, contract=ModelContract.from_config(PM / "model_repository" / "anomaly"),
+        features=FEATURE_NAMES, shadow_topic=settings.shadow_topic,
     )
     fakes = {ModelTarget("anomaly", "1"): FakeModel(), ModelTarget("anomaly", "2"): FakeModel(shift=0.5)}
     worker.models.update(fakes)
@@ -101,7 +104,8 @@ def make_worker(**params) -> tuple[InferenceWorker, dict[ModelTarget, FakeModel]
 
 def records(worker: InferenceWorker, windows: list[dict]) -> list[Record]:
     return [Record("pm.features.device_window", 0, offset, w["device_id"].encode(), worker.input_codec.encode(w),
-                   {"trace_id": b"t" * 32}, 0) for offset, w in enumerate(windows)]
+                   {"trace_id": b"t" * 32, "event_id": f"{w['device_id']}:{w['window_start']}".encode()}, 0)
+            for offset, w in enumerate(windows)]
 
 
 def predictions(worker: InferenceWorker, outputs) -> list[dict]:

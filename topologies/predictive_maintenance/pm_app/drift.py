@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streams.features import FEATURE_NAMES, feature_vector, window_features
-from streams.monitor.baseline import DatasetParams
+from pm_app import FEATURE_NAMES, feature_vector, window_features
+from pm_app.simulator import Drift, windows_for_training
+from pm_app.train import DatasetParams
 from streams.monitor.stats import DriftDetector, NumericReference, Thresholds
-from streams.simulator import Drift, windows_for_training
 
 
 def feature_rows(params: DatasetParams, seed: int, drifts: Sequence[Drift] = ()) -> list[dict]:

@@ -17,7 +17,8 @@ a new ``category`` (a share of readings at a level never seen in training: a new
 a recalibrated unit).
 
 The same physics feeds the training script (``windows_for_training``) and the
-live stream (``Fleet.tick``), so the model is trained on what it will see.
+live stream (``Fleet.tick``), so the model is trained on what it will see. ``FleetSimulator``
+is the app's simulator as the runtime's demo, verify and backtests drive it (``streams.simulation``).
 """
 
 from __future__ import annotations
@@ -26,10 +27,16 @@ import json
 import math
 import time
 import uuid
+from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from typing import Iterator, Literal, Sequence
 
 import numpy as np
+from pydantic import Field
+from rich.table import Table
+
+from streams.simulation import DeadLetter, Event, Observed, Scoreboard, Simulator, SimulatorSettings
+from streams.topology import Topology
 
 SENSORS: tuple[str, ...] = ("temperature", "vibration", "current", "pressure", "rpm")
 MODEL_FAULTS: tuple[str, ...] = ("bearing_wear", "overheating")  # what the model learns to recognise
@@ -221,6 +228,45 @@ class Fleet:
             yield len(readings)
 
 
+#: A window-aligned base time in the simulator's future-free past (2026-11-20), for recordings.
+BASE_MS = 1_795_000_000_000
+
+
+def recorded_readings(n_devices: int, seconds: float, *, hz: float = 10.0, seed: int = 7,
+                      late_every: int = 97, swap_every: int = 13, straggle_every: int = 41) -> list[dict]:
+    """A deterministic telemetry recording, with the disorder real fleets have, for engine tests and benchmarks.
+
+    Readings (the ingest contract's fields) in arrival order, per device interleaved: readings swapped
+    within a window (out of order), stragglers inside the allowed lateness, readings too late for any
+    open window, and dropped sensor values.
+    """
+    rng = np.random.default_rng(seed)
+    faults = ("none", "bearing_wear", "overheating", "sensor_dropout")
+    devices = [Device.random(f"dev-{i:05d}", rng, faults[i % len(faults)], onset_s=seconds / 3)
+               for i in range(n_devices)]
+    n = int(seconds * hz)
+    t = np.arange(n) / hz
+    per_device: list[list[dict]] = []
+    for d in devices:
+        values = d.sample(t, rng)
+        rows = []
+        for i in range(n):
+            rows.append({"event_id": f"{d.device_id}-{i}", "device_id": d.device_id,
+                         "ts": BASE_MS + round(t[i] * 1000),
+                         **{s: None if math.isnan(values[i, j]) else float(values[i, j]) for j, s in enumerate(SENSORS)}})
+        for i in range(swap_every, n - 1, swap_every):  # out of order within the stream
+            rows[i], rows[i + 1] = rows[i + 1], rows[i]
+        for i in range(straggle_every, n, straggle_every):  # a straggler 1.2 s behind: inside the allowed lateness
+            rows.insert(i, {**rows[i - 12], "event_id": f"{d.device_id}-s{i}", "ts": rows[i]["ts"] - 1200})
+        for i in range(late_every, len(rows), late_every):  # 9 s behind: its window is closed, it is late
+            rows.insert(i, {**rows[i], "event_id": f"{d.device_id}-l{i}", "ts": rows[i]["ts"] - 9000})
+        per_device.append(rows)
+    out = []
+    for i in range(max(len(r) for r in per_device)):
+        out.extend(rows[i] for rows in per_device if i < len(rows))
+    return out
+
+
 def windows_for_training(
     n_devices: int, seconds: float, window_s: float, hz: float, seed: int, *, drifts: Sequence[Drift] = ()
 ) -> tuple[np.ndarray, list[str], list[str]]:
@@ -256,3 +302,145 @@ def windows_for_training(
             labels.append(label)
             faults.append(fault)
     return np.stack(windows), labels, faults
+
+
+# -- the app's simulator, as the runtime's tools drive it (streams.simulation) -------------------------
+
+#: What each injected fault should lead to: an action type, or a DLQ reason at ingest.
+EXPECTED = {
+    "bearing_wear": ("action", "maintenance"),
+    "overheating": ("action", "alert"),
+    "sensor_dropout": ("action", "review"),
+    "clock_skew": ("dlq", "future_timestamp"),
+}
+#: The faults the rules act on (precision and recall count these).
+ACTED_ON = ("bearing_wear", "overheating", "sensor_dropout")
+
+
+class FleetSettings(SimulatorSettings):
+    hz: float = Field(10.0, gt=0, description="Readings per second of each device.")
+
+
+class FleetSimulator(Simulator):
+    """The fleet as ``tangram demo``, ``verify`` and backtests run it: ``Fleet.demo`` with its faults."""
+
+    Settings = FleetSettings
+
+    def __init__(self, topology: Topology, settings: FleetSettings, *, entities: int, seed: int,
+                 fleet: Fleet | None = None):
+        super().__init__(topology, settings, entities=entities, seed=seed)
+        self.fleet = fleet or Fleet.demo(n_devices=entities, hz=settings.hz, seed=seed)
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def rate_hz(self) -> float:
+        return self.fleet.hz
+
+    def describe(self) -> str:
+        faults = sorted({d.fault for d in self.fleet.devices} - {"none"})
+        return f"{len(self.fleet.devices)} devices at {self.fleet.hz:g} Hz (faults: {', '.join(faults) or 'none'})"
+
+    def tick(self, step: int, start_ms: int) -> list[Event]:
+        return [Event(key, value, _event_id(value)) for key, value in self.fleet.tick(step, start_ms)]
+
+    def truth(self, start_ms: int) -> list[tuple[str, dict]]:
+        return [(label["device_id"], label) for label in self.fleet.labels(start_ms)]
+
+    # -- verify -------------------------------------------------------------------------
+    def probe(self, now_ms: int) -> tuple[Event, Event, str]:
+        device = Device.random(f"verify-{uuid.uuid4().hex[:6]}", self.rng)
+        (key, value), = Fleet([device], self.fleet.hz, seed=self.seed).tick(0, now_ms)
+        return Event(key, value, _event_id(value)), Event(key, value[:-9]), "bad_json"  # truncated JSON
+
+    def incident(self, now_ms: int) -> tuple[list[Event], str]:
+        """13 s of a device whose bearing has been wearing for a minute: windows that score bearing_wear."""
+        device = Device.random(f"verify-{uuid.uuid4().hex[:6]}", self.rng, "bearing_wear", onset_s=-60.0)
+        fleet = Fleet([device], self.fleet.hz, seed=int(self.rng.integers(1 << 30)))
+        start_ms, steps = now_ms - 13_000, int(13 * self.fleet.hz)
+        events = [Event(k, v, _event_id(v)) for step in range(steps) for k, v in fleet.tick(step, start_ms)]
+        return events, device.device_id
+
+    def load(self, entities: int) -> "FleetSimulator":
+        worn = [Device.random(f"load-w{i}-{uuid.uuid4().hex[:4]}", self.rng, "bearing_wear", onset_s=-60.0)
+                for i in range(min(5, entities))]
+        healthy = [Device.random(f"load-h{i}-{uuid.uuid4().hex[:4]}", self.rng) for i in range(entities - len(worn))]
+        fleet = Fleet(worn + healthy, self.fleet.hz, seed=self.seed)
+        return FleetSimulator(self.topology, self.settings, entities=entities, seed=self.seed, fleet=fleet)
+
+    # -- scoring ------------------------------------------------------------------------
+    def score(self, observed: Observed) -> Scoreboard:
+        """Detected / missed per injected fault, detection delays and false alarms, against the labels."""
+        faults, false_alarms = score_faults(observed.truth, observed.actions, observed.dead_letters,
+                                            since_ms=observed.start_ms)
+        table = Table(title="injected faults vs ground truth")
+        for col in ("fault", "devices", "detected", "missed", "median delay after onset"):
+            table.add_column(col, justify="right" if col != "fault" else "left")
+        for fault, e in sorted(faults.items()):
+            if fault in ("none", "malformed"):
+                continue
+            delay = f"{np.median(e['delays_s']):.1f}s" if e["delays_s"] else "-"
+            table.add_row(fault, str(e["devices"]), str(e["detected"]), str(e["missed"]), delay)
+        tp = sum(faults[f]["detected"] for f in ACTED_ON if f in faults)
+        fn = sum(faults[f]["missed"] for f in ACTED_ON if f in faults)
+        fp = len({a["device_id"] for a in false_alarms})
+        precision = tp / (tp + fp) if tp + fp else 0.0
+        recall = tp / (tp + fn) if tp + fn else 0.0
+        healthy = faults.get("none", {}).get("devices", 0)
+        notes = [f"false alarms: {len(false_alarms)} (actions on the {healthy} healthy devices, or not matching a "
+                 "device's fault, or before its onset)"]
+        notes += [f"  {a['action_type']} {a['device_id']} rule={a['rule']} window_end={a['window_end']}"
+                  for a in false_alarms]
+        delays = [d for f in faults.values() for d in f["delays_s"]]
+        figures = {
+            **{f"detected {f}": f"{faults[f]['detected']}/{faults[f]['devices']}" for f in ACTED_ON if f in faults},
+            "median detection delay": f"{np.median(delays):.1f}s" if delays else "-",
+            "false alarms": len(false_alarms),
+            "precision / recall / F1": f"{precision:.2f} / {recall:.2f} / "
+                                       f"{2 * precision * recall / (precision + recall) if precision + recall else 0.0:.2f}",
+            "faults": faults,
+        }
+        return Scoreboard(tables=[table], figures=figures, notes=notes)
+
+
+def _event_id(value: bytes) -> str:
+    """The event id of a well-formed JSON reading (empty for a broken one)."""
+    try:
+        return str(json.loads(value)["event_id"])
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+def score_faults(labels: list[dict], actions: list[dict], dead_letters: list[DeadLetter],
+                 since_ms: int = 0) -> tuple[dict, list[dict]]:
+    """Detected / missed per injected fault (with delays), and the false alarms, against ``FaultLabel`` records.
+
+    Actions for windows that ended before ``since_ms`` are ignored (windows an earlier run left open);
+    actions about no device of the fleet (a drift alert about the pipeline itself) are neither.
+    """
+    by_device: dict[str, list[dict]] = defaultdict(list)
+    for a in actions:
+        if a["window_end"] > since_ms:
+            by_device[a["device_id"]].append(a)
+    dlq_by_device: dict[str, Counter] = defaultdict(Counter)
+    for d in dead_letters:
+        dlq_by_device[d.key][d.reason] += 1
+    faults: dict[str, dict] = {}
+    false_alarms: list[dict] = []
+    for label in labels:
+        device, fault = label["device_id"], label["fault"]
+        onset_ms = label["onset_ts"] if fault != "none" else None
+        expected = EXPECTED.get(fault)
+        entry = faults.setdefault(fault, {"devices": 0, "detected": 0, "missed": 0, "delays_s": []})
+        entry["devices"] += 1
+        hit = None
+        for a in sorted(by_device[device], key=lambda a: a["window_end"]):
+            if expected and expected[0] == "action" and a["action_type"] == expected[1] and a["window_end"] >= onset_ms:
+                hit = hit or a
+            else:
+                false_alarms.append(a)
+        detected = dlq_by_device[device][expected[1]] > 0 if expected and expected[0] == "dlq" else hit is not None
+        if expected:
+            entry["detected" if detected else "missed"] += 1
+            if hit is not None:
+                entry["delays_s"].append((hit["window_end"] - onset_ms) / 1000)
+    return faults, false_alarms

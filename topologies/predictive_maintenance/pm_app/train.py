@@ -1,14 +1,14 @@
-"""Train the reference anomaly model on simulated telemetry and export it to ONNX.
+"""Train the app's anomaly model on simulated telemetry and export it to ONNX (``tangram models build``).
 
-Multinomial logistic regression over the window features (``streams.features``),
-with the standardisation folded into the ONNX graph, so the served model takes
-raw feature vectors. Deterministic for a given seed. Writes, under the model
-repository:
+Multinomial logistic regression over the window features of the app's feature set, with the
+standardisation folded into the ONNX graph, so the served model takes raw feature vectors.
+Deterministic for a given seed. Writes, under a model repository:
 
 - ``anomaly/1/model.onnx``   the model Triton serves (input ``features`` [N, 27] FP32,
-  output ``probabilities`` [N, 3] FP32 over ``CLASSES``);
-- ``anomaly/model_card.json`` dataset version, metrics, classes, feature names and the
-  training baseline (per-feature quantiles) for drift jobs.
+  output ``probabilities`` [N, 3] FP32 over ``CLASSES``, the order of ``labels.txt``);
+- ``anomaly/model_card.json`` dataset version, metrics, classes, feature names, per-feature
+  summary statistics, and the digest of ``anomaly/baseline.npz``, the sample of training
+  features the drift job compares live windows with (``streams.monitor.baseline``).
 """
 
 from __future__ import annotations
@@ -24,13 +24,34 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from scipy.optimize import minimize
 
-from streams.features import FEATURE_NAMES, feature_vector, window_features
-from streams.simulator import windows_for_training
+from pydantic import BaseModel, ConfigDict, Field
 
-log = logging.getLogger("tangram.train")
+from pm_app import FEATURE_NAMES, feature_vector, window_features
+from pm_app.simulator import windows_for_training
+from streams.monitor.baseline import write_baseline
+
+log = logging.getLogger("tangram.pm.train")
 
 CLASSES: tuple[str, ...] = ("healthy", "bearing_wear", "overheating")
 MODEL_NAME = "anomaly"
+
+
+class DatasetParams(BaseModel):
+    """The parameters of a simulated training set (``train``'s defaults); they name the dataset version."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seed: int = Field(42, description="Random seed of the simulated training fleet.")
+    n_devices: int = Field(300, ge=1)
+    seconds: float = Field(180.0, gt=0)
+    window_s: float = Field(5.0, gt=0)
+    hz: float = Field(10.0, gt=0)
+
+    @property
+    def version(self) -> str:
+        """The ``dataset_version`` ``train`` writes for these parameters."""
+        payload = json.dumps([self.seed, self.n_devices, self.seconds, self.window_s, self.hz]).encode()
+        return "sim-v1-" + hashlib.sha256(payload).hexdigest()[:12]
 
 
 def build_dataset(n_devices: int, seconds: float, window_s: float, hz: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -146,9 +167,21 @@ def train(repository: Path, *, seed: int = 42, n_devices: int = 300, seconds: fl
                    "quantiles": np.quantile(x_train[:, j], np.linspace(0, 1, 11)).tolist()}
             for j, name in enumerate(FEATURE_NAMES)
         },
+        **write_baseline(repository / MODEL_NAME, {name: x_train[:, j] for j, name in enumerate(FEATURE_NAMES)}, seed),
         "trained_s": round(time.perf_counter() - started, 2),
     }
     (repository / MODEL_NAME / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
     log.info("trained %s v%s on %d windows in %.1fs: test accuracy %.4f -> %s", MODEL_NAME, version,
              len(y_train), card["trained_s"], card["metrics"]["accuracy"], target)
     return card
+
+
+def build(repository: Path, force: bool = False) -> str:
+    """The app's ``models.build`` hook: train version 1 into ``repository`` unless it is there already."""
+    model_dir = repository / MODEL_NAME
+    if not force and (model_dir / "1" / "model.onnx").is_file() and (model_dir / "model_card.json").is_file():
+        return f"{MODEL_NAME} v1 already built in {repository} (--force rebuilds it)"
+    card = train(repository)
+    m = card["metrics"]
+    return (f"{MODEL_NAME} v{card['version']} dataset {card['dataset_version']}: held-out accuracy {m['accuracy']:.4f}; "
+            + ", ".join(f"{k} P={v['precision']:.3f} R={v['recall']:.3f}" for k, v in m["per_class"].items()))
