@@ -1,7 +1,7 @@
 """docker-compose cannot run here (no Docker engine): its files are checked against the Compose
 Specification's JSON schema and against the topology they deploy.
 
-The schema is the compose-spec one that check-jsonschema ships (``--builtin-schema vendor.compose-spec``).
+The schema is the compose-spec one that check-jsonschema ships (its ``vendor.compose-spec``), applied by jsonschema.
 Beyond the schema: KRaft cluster ids, one service per processor running it, healthchecks behind every
 ``service_healthy``, Kafka's listeners for containers and for the host, Triton's model repository filled
 before it starts, secrets by reference, and the Flink profile writing the online store.
@@ -12,9 +12,10 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
-import importlib.resources
+import importlib.util
 import json
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -27,8 +28,16 @@ from streams.topology import load_topology
 
 BASE = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())
 KAFKA_3 = yaml.safe_load((PROJECT_ROOT / "docker-compose.kafka-3.yml").read_text())
-SCHEMA = json.loads((importlib.resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json")
-                    .read_text())
+
+
+def _compose_spec() -> dict:
+    """The compose-spec schema check-jsonschema vendors, read as data without importing the package (its CLI
+    module wants a newer click than Faust allows)."""
+    package = Path(importlib.util.find_spec("check_jsonschema").origin).parent
+    return json.loads((package / "builtin_schemas" / "vendor" / "compose-spec.json").read_text())
+
+
+SCHEMA = _compose_spec()
 VALIDATOR = jsonschema.validators.validator_for(SCHEMA)(SCHEMA, format_checker=jsonschema.FormatChecker())
 SECRET_REF = re.compile(r"^\$\{[A-Z_]+:\?[^}]+\}$")  # `${VAR:?message}`: compose refuses to start without it
 
