@@ -12,8 +12,12 @@ FEAST_VENV   := .venv-feast
 BIN          := $(VENV)/bin
 UV           := $(PYTHON) -m uv
 DURATION     ?= 60
+# Helm (tests of the chart `tangram deploy k8s` renders), built from its Go module and cached per version.
+HELM_VERSION := v3.22.0
+HELM         := $(HOME)/.cache/tangram/bin/helm-$(HELM_VERSION)
+export TANGRAM_HELM := $(HELM)
 
-.PHONY: setup demo test unit integration up down status clean system-deps jars model uv
+.PHONY: setup demo test unit integration up down status clean system-deps jars model uv helm
 
 setup: system-deps $(VENV)/.installed $(TRITON_VENV)/.installed $(FLINK_VENV)/.installed $(FEAST_VENV)/.installed jars model
 
@@ -68,6 +72,16 @@ jars: $(VENV)/.installed
 model: $(VENV)/.installed
 	$(BIN)/tangram model train
 
+# Helm is a Go module: built with this machine's Go (its module and build caches in ~/go and ~/.cache/go-build
+# make a rebuild quick), kept under ~/.cache/tangram/bin like the Kafka jars in ~/.m2.
+helm: $(HELM)
+
+$(HELM):
+	@command -v go >/dev/null || { echo "Go is required to build Helm ($(HELM_VERSION))"; exit 1; }
+	mkdir -p $(@D)
+	gobin=$$(mktemp -d) && GOBIN=$$gobin go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) \
+	  && mv $$gobin/helm $@ && rmdir $$gobin
+
 up: setup
 	$(BIN)/tangram up
 
@@ -82,11 +96,11 @@ demo: setup
 	$(BIN)/tangram apply topologies/predictive_maintenance.yaml
 	$(BIN)/tangram demo --duration $(DURATION)
 
-test: setup
+test: setup helm
 	$(BIN)/tangram schemas check
 	$(BIN)/pytest -q tests
 
-unit: $(VENV)/.installed
+unit: $(VENV)/.installed helm
 	$(BIN)/pytest -q tests/unit
 
 integration: setup
