@@ -235,3 +235,9 @@ def test_rendering_never_clears_a_folder_that_holds_no_chart(topology, tmp_path)
     (chart / "templates" / "stale.yaml").write_text("kind: Stale")
     render_chart(topology, "test", chart, ChartSettings(app_path=IMAGE_APP))
     assert not (chart / "templates" / "stale.yaml").exists()
+
+
+def test_a_processor_left_to_flink_can_be_dropped_from_the_release(helm, chart):
+    manifests = template(helm, chart, "processors.features=null")  # docs/deploy.md: the feature job on Flink
+    names = {m["metadata"]["name"] for m in manifests}
+    assert f"{RELEASE}-features" not in names and f"{RELEASE}-inference" in names
