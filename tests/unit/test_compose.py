@@ -182,7 +182,7 @@ def test_kafka_listeners_serve_containers_and_the_host(name):
         host, port = advertised["EXTERNAL"]
         assert host == "localhost"
         assert ("127.0.0.1", port, listeners["EXTERNAL"][1]) in _published(service), \
-            f"{node} advertises localhost:{port} to host clients, so the host's :{port} must reach its EXTERNAL listener"
+            f"{node} advertises localhost:{port} to host clients: the host's :{port} must reach its EXTERNAL listener"
     internal = {f"{n}:{_listeners(s['environment']['KAFKA_ADVERTISED_LISTENERS'])['INTERNAL'][1]}"
                 for n, s in nodes.items()}
     processor = services["ingest"]["environment"]
@@ -200,7 +200,8 @@ def test_three_broker_profile_replicates_three_times():
         assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
         assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 3
         assert env["KAFKA_MIN_INSYNC_REPLICAS"] == 2
-    assert MERGED["services"]["schema-registry"]["environment"]["SCHEMA_REGISTRY_KAFKASTORE_TOPIC_REPLICATION_FACTOR"] == 3
+    registry = MERGED["services"]["schema-registry"]["environment"]
+    assert registry["SCHEMA_REGISTRY_KAFKASTORE_TOPIC_REPLICATION_FACTOR"] == 3
 
 
 def test_passwords_are_references_and_grafana_has_no_anonymous_admin():

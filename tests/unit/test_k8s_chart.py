@@ -218,7 +218,8 @@ def test_dashboards_are_the_generated_ones(manifests):
 def test_replicas_above_the_partitions_are_refused(helm, chart, topology, tmp_path):
     done = subprocess.run([helm, "template", RELEASE, str(chart), "--set", "processors.ingest.replicas=4"],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and "processor ingest: 4 replicas, but its narrowest input has 3 partitions" in done.stderr
+    assert done.returncode != 0
+    assert "processor ingest: 4 replicas, but its narrowest input has 3 partitions" in done.stderr
     ingest = topology.processors["ingest"].model_copy(update={"replicas": 4})
     crowded = topology.model_copy(update={"processors": {**topology.processors, "ingest": ingest}})
     with pytest.raises(TopologyError, match="4 replicas but its narrowest input has 3 partitions"):
