@@ -14,8 +14,12 @@ UV           := $(PYTHON) -m uv
 DURATION     ?= 60
 #: The app `make demo` runs (a folder with topology.yaml); `make demo APP=topologies/<other>` runs another.
 APP          ?= topologies/predictive_maintenance
+# Helm (tests of the chart `tangram deploy k8s` renders), built from its Go module and cached per version.
+HELM_VERSION := v3.22.0
+HELM         := $(HOME)/.cache/tangram/bin/helm-$(HELM_VERSION)
+export TANGRAM_HELM := $(HELM)
 
-.PHONY: setup demo test unit integration up down status clean system-deps jars model uv
+.PHONY: setup demo test unit integration up down status clean system-deps jars model uv helm
 
 setup: system-deps $(VENV)/.installed $(TRITON_VENV)/.installed $(FLINK_VENV)/.installed $(FEAST_VENV)/.installed jars model
 
@@ -70,6 +74,16 @@ jars: $(VENV)/.installed
 model: $(VENV)/.installed
 	$(BIN)/tangram models build topologies/predictive_maintenance
 
+# Helm is a Go module: built with this machine's Go (its module and build caches in ~/go and ~/.cache/go-build
+# make a rebuild quick), kept under ~/.cache/tangram/bin like the Kafka jars in ~/.m2.
+helm: $(HELM)
+
+$(HELM):
+	@command -v go >/dev/null || { echo "Go is required to build Helm ($(HELM_VERSION))"; exit 1; }
+	mkdir -p $(@D)
+	gobin=$$(mktemp -d) && GOBIN=$$gobin go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) \
+	  && mv $$gobin/helm $@ && rmdir $$gobin
+
 up: setup
 	$(BIN)/tangram up
 
@@ -85,15 +99,15 @@ demo: setup
 	$(BIN)/tangram apply $(APP)
 	$(BIN)/tangram demo $(APP) --duration $(DURATION)
 
-test: setup
+test: setup helm
 	$(BIN)/tangram schemas check topologies/predictive_maintenance
 	$(BIN)/pytest -q tests
 
-unit: $(VENV)/.installed
+unit: $(VENV)/.installed helm
 	$(BIN)/pytest -q tests/unit
 
 integration: setup
 	$(BIN)/pytest -q tests/integration
 
 clean: down
-	rm -rf .tangram $(VENV) $(TRITON_VENV) $(FLINK_VENV) $(FEAST_VENV)
+	rm -rf "$${TANGRAM_HOME:-$$HOME/.tangram}" $(VENV) $(TRITON_VENV) $(FLINK_VENV) $(FEAST_VENV)

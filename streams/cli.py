@@ -316,3 +316,29 @@ def trace(
     from streams.trace import print_trace, trace as find
 
     print_trace(event_id, find(_settings(), load_topology(topology), event_id, lookback), Console())
+
+
+deploy_app = typer.Typer(help="Deploy targets rendered from the topology (docker-compose is docker-compose.yml).",
+                         no_args_is_help=True)
+app.add_typer(deploy_app, name="deploy")
+
+
+@deploy_app.command("k8s")
+def deploy_k8s(
+    topology: Path = typer.Argument(..., help="The app folder or its topology file."),
+    out: Path = typer.Option(..., "--out", help="Folder to write the Helm chart into (replaced if it exists)."),
+    image: Optional[str] = typer.Option(None, help="The Tangram image, repository:tag; default tangram:<version>."),
+    app_path: Optional[str] = typer.Option(None, help="The app inside the image; default /app/topologies/<name>."),
+    kafka_cluster: str = typer.Option("tangram", help="The Strimzi Kafka cluster the topics belong to."),
+) -> None:
+    """Render a Helm chart: a Deployment per processor, lag autoscaling, KafkaTopics, Triton, registry, Redis."""
+    from rich.console import Console
+
+    from streams.deploy import ChartSettings, render_chart
+    from streams.topology import load_topology
+
+    given = {"image": image} if image else {}
+    settings = ChartSettings(app_path=app_path or f"/app/topologies/{topology.stem}", kafka_cluster=kafka_cluster,
+                             **given)
+    written = render_chart(load_topology(topology), str(topology), out, settings)
+    Console().print(f"wrote {len(written)} files into {out}; `helm install <release> {out}` deploys it")

@@ -202,6 +202,9 @@ class Processor(ABC):
     #: ``submit`` starts work that runs while the loop delivers the batch before (see the module's doc).
     #: A pipelined processor keeps no state across batches: a batch may be read and submitted again.
     pipelined: bool = False
+    #: Runs as exactly one replica whatever its partitions (its decisions are global, e.g. a model's canary):
+    #: deploy targets never scale it out.
+    singleton: bool = False
 
     @classmethod
     @abstractmethod

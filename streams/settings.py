@@ -10,7 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from urllib.parse import quote
+
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -35,6 +37,9 @@ class StackSettings(BaseSettings):
     kafka_controller_port: int = Field(9093, description="KRaft controller listener.")
     registry_port: int = Field(8081, description="Schema registry REST API.")
     redis_port: int = Field(6379, description="Redis (online feature store).")
+    redis_password: SecretStr | None = Field(
+        None, description="Redis AUTH password: docker-compose and Kubernetes pass it from a secret; the local "
+                          "stack's Redis listens on 127.0.0.1 only and has none.")
     triton_http_port: int = Field(8000, description="Triton HTTP/REST endpoint.")
     triton_grpc_port: int = Field(8001, description="Triton gRPC endpoint.")
     triton_metrics_port: int = Field(8002, description="Triton Prometheus metrics.")
@@ -68,7 +73,8 @@ class StackSettings(BaseSettings):
 
     @property
     def redis_url(self) -> str:
-        return f"redis://{self.redis_host or self.host}:{self.redis_port}/0"
+        auth = f":{quote(self.redis_password.get_secret_value(), safe='')}@" if self.redis_password else ""
+        return f"redis://{auth}{self.redis_host or self.host}:{self.redis_port}/0"
 
     @property
     def triton_grpc_url(self) -> str:

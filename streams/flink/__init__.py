@@ -2,5 +2,5 @@
 
 ``job`` is the PyFlink program (runs in ``.venv-flink``); ``launcher`` starts it from the
 application environment on a local mini-cluster, with the connector jars Maven resolved
-(``stack/flink/pom.xml``).
+(``streams/flink/pom.xml``).
 """

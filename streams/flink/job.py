@@ -3,7 +3,7 @@
 Runs in the Flink environment (``.venv-flink``, apache-flink) on a local mini-cluster, or is
 submitted to a Flink cluster (``flink run -py streams/flink/job.py``). Kafka in and out go
 through Flink's Kafka connector (``flink-sql-connector-kafka`` from Maven Central,
-``stack/flink/pom.xml``) with the ``raw`` format: values stay Confluent-framed Avro bytes,
+``streams/flink/pom.xml``) with the ``raw`` format: values stay Confluent-framed Avro bytes,
 decoded and encoded with fastavro against the schema registry (``streams.features.wire``), so
 schema evolution follows the registry exactly as in the embedded engine.
 

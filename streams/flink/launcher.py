@@ -1,6 +1,6 @@
 """Start the PyFlink feature job from the application environment.
 
-``fetch_jars`` resolves the connector jars of ``stack/flink/pom.xml`` with Maven (cached in
+``fetch_jars`` resolves the connector jars of ``streams/flink/pom.xml`` with Maven (cached in
 ``~/.m2``) into ``<home>/flink/lib``; ``job_argv`` is the command line of the job on a local
 mini-cluster, run by the Flink environment's interpreter (``.venv-flink``, or
 ``TANGRAM_FLINK_PYTHON``); ``run_job`` runs it to the end (bounded input) with a deadline.

@@ -74,7 +74,7 @@ class CanaryJobSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model: str = Field("anomaly", description="The registry model whose predictions the inputs carry.")
+    model: str = Field(description="The registry model whose predictions the inputs carry.")
     registry_topic: str = Field(MODELS_TOPIC, description="The model registry's compacted topic.")
     tick_s: float = Field(5.0, gt=0, le=3600, description="How often a decision is taken; the model's canary "
                                                           "schedule (interval_s) paces the steps themselves.")
@@ -86,6 +86,7 @@ class CanaryJob(Processor):
     """Predictions → canary decisions recorded in the model registry (no output topic)."""
 
     name = "canary"
+    singleton = True  # its decisions are the model's, not a partition's
 
     def __init__(self, *, codecs: dict[str, AvroCodec], bootstrap_servers: str, settings: CanaryJobSettings,
                  actor: str, dlq_topic: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -104,7 +105,7 @@ class CanaryJob(Processor):
     @classmethod
     def build(cls, ctx: BuildContext) -> CanaryJob:
         settings = CanaryJobSettings.model_validate(ctx.spec.params)
-        if ctx.spec.replicas != 1:
+        if ctx.spec.replicas != 1:  # singleton: decided per model, not per partition
             raise TopologyError(f"canary processor {ctx.name!r}: run exactly one replica (it decides for the whole "
                                 f"model {settings.model!r}, not per partition), not {ctx.spec.replicas}")
         if ctx.spec.outputs:

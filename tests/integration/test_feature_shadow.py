@@ -35,7 +35,7 @@ def test_shadow_version_is_compared_and_never_served(stack, tmp_path):
     doc["topics"][shadow_topic] = {"format": "json", "description": "v2 rows that differ from v1"}
     features = doc["processors"]["features"]
     features["outputs"].append(shadow_topic)
-    features["params"].update({"shadow_feature_set": "topologies/features/pm_device_window_v2.yaml",
+    features["params"].update({"shadow_feature_set": "features/device_window_v2.yaml",
                                "shadow_topic": shadow_topic})
     topology = Topology.model_validate(doc)
     apply(topology, stack)

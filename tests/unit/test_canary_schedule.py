@@ -154,7 +154,7 @@ def _context(**canary: Any) -> BuildContext:
         "topics": {"pm.predictions.anomaly": {"schema": "pm.predictions.anomaly-value"},
                    "pm.features.device_window": {"schema": "pm.features.device_window-value"}},
         "processors": {"canary": {"kind": "streams.lifecycle.canary_job:CanaryJob",
-                                  "inputs": ["pm.predictions.anomaly"], **canary}}})
+                                  "inputs": ["pm.predictions.anomaly"], "params": {"model": "anomaly"}, **canary}}})
     return BuildContext(topology, "canary", StackSettings())
 
 

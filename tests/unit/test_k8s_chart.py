@@ -1,0 +1,244 @@
+"""The Helm chart `tangram deploy k8s` renders: `helm lint` and `helm template` pass, every manifest validates
+against its schema, and what it deploys is what the topology declares.
+
+Schemas: the Kubernetes OpenAPI schemas (kubernetes-validate, strict: no unknown fields) for the built-in
+kinds; KEDA's ScaledObject and the Prometheus Operator's ServiceMonitor through pydantic models generated
+from their CRDs (cloudcoil), checked to keep every field we wrote. No package ships Strimzi's KafkaTopic
+CRD, so its structure is checked here field by field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from cloudcoil.models.keda.v1alpha1 import ScaledObject
+from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
+from reference import IMAGE_APP, PM_TOPOLOGY as TOPOLOGY
+from typer.testing import CliRunner
+
+from streams.cli import app
+from streams.deploy import ChartSettings, chart_values, render_chart
+from streams.errors import TangramError, TopologyError
+from streams.monitor.dashboards import DASHBOARDS, PROCESSOR_METRICS_PORT, dashboard_json
+from streams.topology import ComputeConstraints, load_topology
+
+RELEASE = "pm"
+K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+CRD_MODELS = {"ScaledObject": ScaledObject, "ServiceMonitor": ServiceMonitor}
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    found = os.environ.get("TANGRAM_HELM") or shutil.which("helm")
+    if not found or not Path(found).is_file():
+        pytest.fail("no helm binary: `make helm` builds it (TANGRAM_HELM names it)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def topology():
+    return load_topology(TOPOLOGY)
+
+
+@pytest.fixture(scope="module")
+def chart(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("chart") / "pm"
+    result = CliRunner().invoke(app, ["deploy", "k8s", str(TOPOLOGY), "--out", str(out), "--app-path", IMAGE_APP])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def template(helm: str, chart: Path, *sets: str) -> list[dict]:
+    args = [helm, "template", RELEASE, str(chart)]
+    for item in sets:
+        args += ["--set", item]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def manifests(helm, chart) -> list[dict]:
+    return template(helm, chart)
+
+
+def by_kind(manifests: list[dict], kind: str) -> dict[str, dict]:
+    return {m["metadata"]["name"]: m for m in manifests if m["kind"] == kind}
+
+
+def test_helm_lint_passes(helm, chart):
+    done = subprocess.run([helm, "lint", "--strict", str(chart)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_builtin_kinds_validate_against_the_kubernetes_openapi_schemas(manifests, version):
+    builtin = [m for m in manifests if m["kind"] not in (*CRD_MODELS, "KafkaTopic")]
+    assert {m["kind"] for m in builtin} == {"Deployment", "StatefulSet", "Service", "PersistentVolumeClaim", "Job",
+                                            "ConfigMap"}
+    for manifest in builtin:
+        kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_keda_and_prometheus_operator_resources_match_their_crds(manifests):
+    checked = 0
+    for manifest in manifests:
+        model = CRD_MODELS.get(manifest["kind"])
+        if model is None:
+            continue
+        kept = model.model_validate(manifest).model_dump(by_alias=True, exclude_unset=True, mode="json")
+        assert kept == manifest, f"{manifest['kind']} {manifest['metadata']['name']}: a field is not in the CRD"
+        checked += 1
+    assert checked == len(by_kind(manifests, "ScaledObject")) + len(by_kind(manifests, "ServiceMonitor")) > 0
+
+
+def test_kafka_topics_have_strimzis_structure(manifests):
+    topics = by_kind(manifests, "KafkaTopic")
+    assert topics
+    for name, topic in topics.items():
+        assert topic["apiVersion"] == "kafka.strimzi.io/v1beta2"
+        assert DNS_SUBDOMAIN.match(name) and len(name) <= 253, name
+        assert topic["metadata"]["labels"]["strimzi.io/cluster"] == "tangram"
+        spec = topic["spec"]
+        assert set(spec) == {"topicName", "partitions", "replicas", "config"}
+        assert isinstance(spec["partitions"], int) and spec["partitions"] >= 1
+        assert isinstance(spec["replicas"], int) and 1 <= spec["replicas"] <= 32767
+        assert set(spec["config"]) <= {"cleanup.policy", "retention.ms"}
+        assert all(isinstance(value, str) for value in spec["config"].values())
+
+
+def test_round_trip_replicas_bounds_and_topics_equal_the_topology(manifests, topology):
+    deployments, scaled = by_kind(manifests, "Deployment"), by_kind(manifests, "ScaledObject")
+    for name, spec in topology.processors.items():
+        deployment = deployments[f"{RELEASE}-{name}"]
+        bound = min(topology.partitions(topic) for topic in spec.inputs)
+        if name == "canary":  # decides for the whole model: one replica, never scaled
+            assert deployment["spec"]["replicas"] == spec.replicas == 1
+            assert f"{RELEASE}-{name}" not in scaled
+            continue
+        assert "replicas" not in deployment["spec"], "KEDA owns the count; an upgrade must not reset it"
+        scaler = scaled[f"{RELEASE}-{name}"]["spec"]
+        assert scaler["scaleTargetRef"]["name"] == f"{RELEASE}-{name}"
+        assert (scaler["minReplicaCount"], scaler["maxReplicaCount"]) == (spec.replicas, bound)
+        assert [t["metadata"]["topic"] for t in scaler["triggers"]] == spec.inputs
+        assert {t["metadata"]["consumerGroup"] for t in scaler["triggers"]} == {topology.group(name)}
+        assert {t["type"] for t in scaler["triggers"]} == {"kafka"}
+    topics = {t["spec"]["topicName"]: t["spec"] for t in by_kind(manifests, "KafkaTopic").values()}
+    assert topics == {
+        name: {"topicName": name, "partitions": topology.partitions(name), "replicas": topology.replication(name),
+               "config": spec.configs()}
+        for name, spec in topology.topics.items()
+    }
+
+
+def test_without_autoscaling_every_deployment_runs_the_declared_replicas(helm, chart, topology):
+    manifests = template(helm, chart, "autoscaling.enabled=false")
+    assert not by_kind(manifests, "ScaledObject")
+    deployments = by_kind(manifests, "Deployment")
+    for name, spec in topology.processors.items():
+        assert deployments[f"{RELEASE}-{name}"]["spec"]["replicas"] == spec.replicas
+
+
+def test_processors_run_the_app_and_are_probed_on_their_metrics_port(manifests, topology):
+    deployments, monitors = by_kind(manifests, "Deployment"), by_kind(manifests, "ServiceMonitor")
+    for name in topology.processors:
+        container = deployments[f"{RELEASE}-{name}"]["spec"]["template"]["spec"]["containers"][0]
+        assert container["args"] == ["run", IMAGE_APP, name, "--metrics-port", str(PROCESSOR_METRICS_PORT)]
+        assert container["ports"] == [{"name": "metrics", "containerPort": PROCESSOR_METRICS_PORT}]
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+        requests = container["resources"]["requests"]
+        assert requests["cpu"] == f"{round(topology.processors[name].compute.target_utilization * 1000)}m"
+        endpoint = monitors[f"{RELEASE}-{name}"]["spec"]["endpoints"][0]
+        assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+
+
+def test_triton_serves_a_repository_the_init_container_builds_with_a_gpu_when_asked(helm, chart, manifests):
+    triton = by_kind(manifests, "Deployment")[f"{RELEASE}-triton"]["spec"]["template"]["spec"]
+    init = triton["initContainers"][0]
+    assert init["image"] == "tangram:0.1.0"
+    assert init["args"] == ["models", "build", IMAGE_APP, "--repository", "/models"]
+    server = triton["containers"][0]
+    assert server["image"].startswith("nvcr.io/nvidia/tritonserver:")
+    assert "--model-control-mode=explicit" in server["args"] and "--model-repository=/models" in server["args"]
+    claim = triton["volumes"][0]["persistentVolumeClaim"]["claimName"]
+    assert claim in by_kind(manifests, "PersistentVolumeClaim")
+    assert "nvidia.com/gpu" not in server["resources"].get("limits", {}), "the reference topology declares device any"
+    gpu = template(helm, chart, "triton.gpu.enabled=true")
+    limits = by_kind(gpu, "Deployment")[f"{RELEASE}-triton"]["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert limits["limits"]["nvidia.com/gpu"] == 1 and limits["limits"]["memory"] == "8Gi"
+
+
+def test_an_inference_processor_declaring_gpu_turns_the_gpu_on(topology):
+    settings = ChartSettings(app_path=IMAGE_APP)
+    assert chart_values(topology, settings)["triton"]["gpu"]["enabled"] is False
+    inference = topology.processors["inference"]
+    on_gpu = inference.model_copy(update={"compute": ComputeConstraints(device="gpu")})
+    gpu_topology = topology.model_copy(update={"processors": {**topology.processors, "inference": on_gpu}})
+    assert chart_values(gpu_topology, settings)["triton"]["gpu"]["enabled"] is True
+
+
+def test_secrets_are_referenced_never_written(manifests, chart):
+    assert not by_kind(manifests, "Secret")
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    secret = values["redis"]["existingSecret"]
+    for workload in [*by_kind(manifests, "Deployment").values(), *by_kind(manifests, "StatefulSet").values(),
+                     *by_kind(manifests, "Job").values()]:
+        pod = workload["spec"]["template"]["spec"]
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            for env in container.get("env", []):
+                if "PASSWORD" in env["name"]:
+                    assert "value" not in env
+                    assert env["valueFrom"]["secretKeyRef"]["name"] == secret
+
+
+def test_apply_runs_before_an_upgrade_so_an_incompatible_schema_stops_it(manifests):
+    job = by_kind(manifests, "Job")[f"{RELEASE}-apply"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,pre-upgrade"
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["apply", IMAGE_APP]
+
+
+def test_dashboards_are_the_generated_ones(manifests):
+    maps = by_kind(manifests, "ConfigMap")
+    for dashboard in DASHBOARDS:
+        data = maps[f"{RELEASE}-{dashboard.uid}"]
+        assert data["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert json.loads(data["data"][f"{dashboard.uid}.json"]) == dashboard_json(dashboard)
+
+
+def test_replicas_above_the_partitions_are_refused(helm, chart, topology, tmp_path):
+    done = subprocess.run([helm, "template", RELEASE, str(chart), "--set", "processors.ingest.replicas=4"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "processor ingest: 4 replicas, but its narrowest input has 3 partitions" in done.stderr
+    ingest = topology.processors["ingest"].model_copy(update={"replicas": 4})
+    crowded = topology.model_copy(update={"processors": {**topology.processors, "ingest": ingest}})
+    with pytest.raises(TopologyError, match="4 replicas but its narrowest input has 3 partitions"):
+        render_chart(crowded, "test", tmp_path / "chart", ChartSettings(app_path=IMAGE_APP))
+
+
+def test_rendering_never_clears_a_folder_that_holds_no_chart(topology, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(TangramError, match="holds no chart"):
+        render_chart(topology, "test", tmp_path, ChartSettings(app_path=IMAGE_APP))
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    chart = tmp_path / "chart"
+    render_chart(topology, "test", chart, ChartSettings(app_path=IMAGE_APP))
+    (chart / "templates" / "stale.yaml").write_text("kind: Stale")
+    render_chart(topology, "test", chart, ChartSettings(app_path=IMAGE_APP))
+    assert not (chart / "templates" / "stale.yaml").exists()
+
+
+def test_a_processor_left_to_flink_can_be_dropped_from_the_release(helm, chart):
+    manifests = template(helm, chart, "processors.features=null")  # docs/deploy.md: the feature job on Flink
+    names = {m["metadata"]["name"] for m in manifests}
+    assert f"{RELEASE}-features" not in names and f"{RELEASE}-inference" in names
