@@ -1,11 +1,20 @@
-# One image for every Tangram processor (the application environment).
-# docker compose runs it once per processor: `tangram run <topology> <processor>`.
-FROM python:3.11-slim
-WORKDIR /app
-COPY pyproject.toml README.md ./
+# One image for every Tangram processor: the runtime installed as a wheel, the apps as folders under /app.
+# docker compose runs it once per processor: `tangram run /app/topologies/<app> <processor>`; a one-shot
+# `tangram models build /app/topologies/<app> --repository /models` fills the model server's volume.
+# tests/integration/test_image.py installs the same wheel into a fresh environment and runs these commands
+# from a folder laid out as this file lays out /app (the COPY lines after `WORKDIR /app`).
+FROM python:3.11-slim AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md LICENSE ./
 COPY streams ./streams
 COPY inference_workers ./inference_workers
-RUN pip install --no-cache-dir .
-COPY schemas ./schemas
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+
+FROM python:3.11-slim
+COPY --from=wheel /dist /dist
+RUN pip install --no-cache-dir /dist/*.whl && rm -rf /dist
+WORKDIR /app
 COPY topologies ./topologies
+COPY schemas ./schemas
+ENV TANGRAM_HOME=/var/lib/tangram
 ENTRYPOINT ["tangram"]

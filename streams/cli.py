@@ -216,11 +216,15 @@ def verify(
     topology: Path = AppArg,
     load_seconds: float = typer.Option(20.0, help="Duration of step 4's load at the declared baseline rate."),
     kill: str = typer.Option("inference", help="The processor step 4 kills with SIGKILL and restarts."),
+    steps: str = typer.Option("1,2,3,4", help="The steps to run, e.g. `1,2,3` (no load and chaos)."),
 ) -> None:
     """Run the four-step verification (protocol, connectivity, chain, load+chaos); non-zero exit on a violation."""
     from streams.verify import verify as run_verify
 
-    checks = run_verify(topology, _settings(), load_seconds, kill)
+    chosen = tuple(int(s) for s in steps.split(",") if s.strip())
+    if not chosen or not set(chosen) <= {1, 2, 3, 4}:
+        raise typer.BadParameter(f"steps {steps!r}: a comma-separated subset of 1,2,3,4", param_hint="--steps")
+    checks = run_verify(topology, _settings(), load_seconds, kill, steps=chosen)
     raise typer.Exit(0 if all(c.ok for c in checks) else 1)
 
 

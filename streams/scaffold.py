@@ -9,7 +9,7 @@ is scored ``high`` (``rules``). Everything is a declaration of the folder, ready
     <name>/topology.yaml             topics, processors, their params and constraints
     <name>/schemas/*.avsc            the Avro contracts (+ compatibility.yaml)
     <name>/features/window.yaml      the feature set
-    <name>/model_repository/score/   config.pbtxt and labels.txt of the model (1/model.onnx is built)
+    <name>/model_repository/<name>_score/   config.pbtxt and labels.txt (1/model.onnx is built)
     <name>/<name>_app/model.py       the `models.build` hook that writes the tiny model
     <name>/README.md                 how to run it
 
@@ -150,7 +150,7 @@ processors:
     outputs: [{app}.predictions.score]
     dlq: {app}.dlq.inference
     batch_size: 64
-    params: {{model: score, feature_set: features/window.yaml, negative_class: normal}}
+    params: {{model: {app}_score, feature_set: features/window.yaml, negative_class: normal}}
   rules:
     kind: streams.rules:RuleProcessor
     inputs: [{app}.predictions.score]
@@ -165,9 +165,9 @@ processors:
 """
 
 CONFIG = """\
-# The model of app `{app}`: one input (the feature set's {n} features, in order), one output (the
+# The model of app `{app}` (model names are global on a Triton server: hence the app's prefix): one input (the feature set's {n} features, in order), one output (the
 # probability of each label in labels.txt). 1/model.onnx is written by `tangram models build`.
-name: "score"
+name: "{app}_score"
 platform: "onnxruntime_onnx"
 max_batch_size: 256
 input [ {{ name: "features", data_type: TYPE_FP32, dims: [ {n} ] }} ]
@@ -193,9 +193,9 @@ FEATURES = {features!r}
 
 
 def build(repository: Path, force: bool = False) -> str:
-    target = repository / "score" / "1" / "model.onnx"
+    target = repository / "{app}_score" / "1" / "model.onnx"
     if target.is_file() and not force:
-        return f"score v1 already built in {{repository}}"
+        return f"{app}_score v1 already built in {{repository}}"
     weights = np.zeros((len(FEATURES), 2), dtype=np.float32)
     weights[FEATURES.index("value_mean"), 1] = 1.0  # logit(high) - logit(normal) = mean - threshold
     bias = np.array([0.0, -{threshold}], dtype=np.float32)
@@ -203,7 +203,7 @@ def build(repository: Path, force: bool = False) -> str:
         [helper.make_node("MatMul", ["features", "w"], ["logits0"]),
          helper.make_node("Add", ["logits0", "b"], ["logits"]),
          helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1)],
-        "score",
+        "{app}_score",
         [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", len(FEATURES)])],
         [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 2])],
         [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(bias, "b")],
@@ -213,7 +213,7 @@ def build(repository: Path, force: bool = False) -> str:
     onnx.checker.check_model(model)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(model.SerializeToString())
-    return f"score v1 written to {{target}}"
+    return f"{app}_score v1 written to {{target}}"
 '''
 
 README = """\
@@ -226,7 +226,7 @@ Triton (`inference`) → an `alert` on `{app}.actions.alert` when a window's mea
 
 ```bash
 tangram up                                   # the local stack (Kafka, registry, Redis, Triton)
-tangram models build {folder}                # writes model_repository/score/1/model.onnx
+tangram models build {folder}                # writes model_repository/{app}_score/1/model.onnx
 tangram apply {folder}                       # topics, schemas, the model into Triton
 for p in ingest features inference rules; do tangram run {folder} $p & done
 ```
@@ -255,7 +255,7 @@ def scaffold(name: str, folder: Path) -> Path:
     (folder / "schemas" / "compatibility.yaml").write_text(
         "# Compatibility level of each subject (Confluent's names); `tangram schemas check` enforces them.\n"
         "default: BACKWARD\n")
-    model = folder / "model_repository" / "score"
+    model = folder / "model_repository" / f"{name}_score"
     model.mkdir(parents=True)
     (model / "config.pbtxt").write_text(CONFIG.format(app=name, n=len(fs.feature_names)))
     (model / "labels.txt").write_text("normal\nhigh\n")

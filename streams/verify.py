@@ -250,15 +250,17 @@ class Verifier:
                   resumed_in is not None and resumed_in <= recovery_s),
         ]
 
-    def run(self, load_s: float, victim: str) -> list[Check]:
+    def run(self, load_s: float, victim: str, steps: tuple[int, ...] = (1, 2, 3, 4)) -> list[Check]:
         with Processors(self.path, self.stack) as processors:
             processors.start()
             processors.wait_joined()
             checks = []
-            for step in (self.protocol, self.connectivity, self.chain):
-                checks.extend(step())
-                self.console.print(f"[dim]{checks[-1].step} done[/]")
-            checks.extend(self.load_and_chaos(processors, load_s, victim))
+            for number, step in ((1, self.protocol), (2, self.connectivity), (3, self.chain)):
+                if number in steps:
+                    checks.extend(step())
+                    self.console.print(f"[dim]{checks[-1].step} done[/]")
+            if 4 in steps:
+                checks.extend(self.load_and_chaos(processors, load_s, victim))
         return checks
 
 
@@ -272,8 +274,8 @@ def print_checks(checks: list[Check], console: Console) -> None:
 
 
 def verify(topology_path: Path, stack: StackSettings, load_s: float = 20.0, victim: str = "inference",
-           console: Console | None = None) -> list[Check]:
+           console: Console | None = None, steps: tuple[int, ...] = (1, 2, 3, 4)) -> list[Check]:
     console = console or Console()
-    checks = Verifier(topology_path, stack, console).run(load_s, victim)
+    checks = Verifier(topology_path, stack, console).run(load_s, victim, steps)
     print_checks(checks, console)
     return checks

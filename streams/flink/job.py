@@ -89,11 +89,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dlq", required=True, help="Dead-letter topic for late and undecodable readings.")
     p.add_argument("--group", default="pm.features-flink", help="Consumer group of the source.")
     p.add_argument("--redis", help="Online store (Feast's Redis layout), e.g. redis://127.0.0.1:6379/0; none: not written.")
-    p.add_argument("--project", required=True, help="Feast project of the online store: the topology's app.")
+    p.add_argument("--project", help="Feast project of the online store (the topology's app); needed with --redis.")
     p.add_argument("--bounded", action="store_true", help="Stop at the offsets that are latest at start (tests, backfills).")
     p.add_argument("--parallelism", type=int, default=1)
     p.add_argument("--checkpoint-ms", type=int, default=10_000, help="Checkpoint interval (0: none).")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.redis and not args.project:
+        p.error("--redis needs --project: the Feast project the online store's rows belong to (the topology's app)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

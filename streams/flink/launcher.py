@@ -71,17 +71,16 @@ def fetch_jars(settings: StackSettings) -> list[Path]:
     return sorted(lib.glob("*.jar"))
 
 
-def job_argv(settings: StackSettings, *, dlq: str, group: str, source: str | None = None,
-             output: str | None = None, feature_set: str | None = None, bounded: bool = False,
-             online_project: str | None = None) -> list[str]:
+def job_argv(settings: StackSettings, *, feature_set: str, dlq: str, group: str, source: str | None = None,
+             output: str | None = None, bounded: bool = False, online_project: str | None = None) -> list[str]:
     """The command line of the PyFlink job against ``settings``'s stack (and its Redis when ``online_project``)."""
     argv = [str(flink_python()), "-m", "streams.flink.job", "--bootstrap", settings.bootstrap_servers,
-            "--registry", settings.registry_url, "--dlq", dlq, "--group", group]
+            "--registry", settings.registry_url, "--dlq", dlq, "--group", group, "--feature-set", feature_set]
     for jar in fetch_jars(settings):
         argv += ["--jar", str(jar)]
     if online_project:
         argv += ["--redis", settings.redis_url, "--project", online_project]
-    for flag, value in (("--source", source), ("--output", output), ("--feature-set", feature_set)):
+    for flag, value in (("--source", source), ("--output", output)):
         if value:
             argv += [flag, value]
     return argv + (["--bounded"] if bounded else [])

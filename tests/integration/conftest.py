@@ -1,6 +1,7 @@
 """The real local stack for integration tests, beside a developer's.
 
-The session fixture ``stack`` starts Kafka, the schema registry, Redis and Triton from a
+The session fixture ``stack`` starts Kafka, the schema registry, Redis and Triton (serving the
+reference app's models, installed as ``tangram apply`` installs them) from a
 temporary ``TANGRAM_HOME`` on shifted ports (kafka 19092, controller 19093, registry 18081,
 redis 16379, triton 18000/18001/18002), exports them as ``TANGRAM_*`` variables so that
 subprocesses started by tests find the same stack, yields the :class:`StackSettings` and
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from reference import pm_topology
 from streams.errors import StackError
+from streams.lifecycle.repository import install_models, model_dirs
 from streams.settings import StackSettings
 from streams.stack import NAMES, down, up
 
@@ -71,6 +74,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackSettings]:
             mp.setenv(key, value)
         try:
             up(settings, only=components)
+            if "triton" in components:  # the reference app's models, as `tangram apply` installs them
+                app = pm_topology()
+                install_models(app, settings, [m.name for m in model_dirs(app.model_repository)])
         except StackError as exc:
             down(settings, only=components)
             pytest.fail(f"the local test stack could not start: {exc}", pytrace=False)

@@ -8,6 +8,8 @@ import uuid
 from pathlib import Path
 
 import yaml
+
+from reference import SCHEMAS
 from confluent_kafka import Consumer, TopicPartition
 
 from streams.plan import apply
@@ -36,6 +38,7 @@ def ingest_topology(tmp_path: Path, stack, *, input_format: str = "json", params
     raw = {"format": "json"} if input_format == "json" else {"schema": "pm.ingest.telemetry-value"}
     doc = {
         "app": prefix,
+        "schemas": str(SCHEMAS),
         "defaults": {"partitions": 1},
         "topics": {
             f"{prefix}.raw.telemetry": raw,
@@ -46,7 +49,8 @@ def ingest_topology(tmp_path: Path, stack, *, input_format: str = "json", params
             "kind": "streams.ingest:IngestValidator",
             "inputs": [f"{prefix}.raw.telemetry"], "outputs": [f"{prefix}.ingest.telemetry"],
             "dlq": f"{prefix}.dlq.ingest", "max_wait_ms": 50,
-            "params": {"max_record_bytes": 1024, "ranges": {"vibration": [0.0, 100.0]}, **(params or {})},
+            "params": {"entity_field": "device_id", "time_field": "ts", "max_record_bytes": 1024,
+                       "ranges": {"vibration": [0.0, 100.0]}, **(params or {})},
         }},
         "gateways": {"telemetry": {"processor": "ingest", "mqtt_topics": mqtt_topics or [f"{prefix}/telemetry/+"],
                                    "params": gateway_params or {}}},

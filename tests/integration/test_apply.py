@@ -6,6 +6,7 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from streams.plan import apply, plan
+from reference import SCHEMAS
 from streams.schemas_check import load_levels
 from streams.topology import load_topology
 
@@ -22,7 +23,7 @@ def test_apply_is_idempotent_and_sets_each_subjects_compatibility(stack, tmp_pat
     assert plan(topology, stack) == []  # nothing left to change
     assert apply(topology, stack) == []
     registry = SchemaRegistryClient({"url": stack.registry_url})
-    levels = load_levels()
+    levels = load_levels(SCHEMAS)
     for subject in topology.subjects():
         assert registry.get_compatibility(subject) == levels.level(subject)
     assert registry.get_compatibility("pm.ingest.telemetry-value") == "FULL_TRANSITIVE"

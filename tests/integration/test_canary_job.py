@@ -99,6 +99,7 @@ def serve(repository: Path, version: str, artifact: Path) -> Path:
     folder = repository / "anomaly" / version
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPOSITORY / "anomaly" / "config.pbtxt", repository / "anomaly" / "config.pbtxt")
+    shutil.copy(REPOSITORY / "anomaly" / "labels.txt", repository / "anomaly" / "labels.txt")
     shutil.copy(artifact, folder / "model.onnx")
     return folder / "model.onnx"
 

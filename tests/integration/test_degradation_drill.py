@@ -1,7 +1,7 @@
 """Degradation on real Kafka: the manual switch within a second, and a drill that stops Triton.
 
 The drill runs its own Triton (ports 28020-28022 shifted by ``TANGRAM_TEST_PORT_OFFSET``,
-``python -m inference_workers.triton_server`` from .venv-triton) so that the session's Triton, which
+``inference_workers/triton_server.py`` from .venv-triton) so that the session's Triton, which
 other tests use, is never stopped.
 """
 
@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from reference import REPO as PROJECT_ROOT
+from streams.stack.components import TRITON_SERVER
 from streams.config_center import ConfigCenter
 from streams.launcher import Processors
 
@@ -95,7 +96,7 @@ class OwnTriton:
         started = time.monotonic()
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [str(python), "-m", "inference_workers.triton_server", "--model-repository",
+                [str(python), str(TRITON_SERVER), "--model-repository",
                  str(self.stack.model_repository), "--host", "127.0.0.1",
                  "--http-port", str(DRILL_PORTS["triton_http_port"]), "--grpc-port", str(DRILL_PORTS["triton_grpc_port"]),
                  "--metrics-port", str(DRILL_PORTS["triton_metrics_port"])],

@@ -9,7 +9,7 @@ from confluent_kafka import Consumer, Producer
 
 from streams.avro import codec
 from streams.launcher import LauncherSettings, Processors
-from streams.monitor.baseline import DatasetParams
+from pm_app.train import DatasetParams
 from pm_app.drift import declared_delay_rows, feature_rows, stamp
 from streams.monitor.scrape import scrape
 from streams.plan import apply

@@ -27,7 +27,10 @@ from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
 from streams.feast.layout import FeastLayout
 from streams.features.online import read_online_features
-from streams.features.spec import DEFAULT_FEATURE_SET, load_feature_set
+from reference import PM
+from streams.features.spec import load_feature_set
+
+DEFAULT_FEATURE_SET = PM / "features" / "device_window.yaml"
 from streams.testing import create_topics
 from reference import load_schema
 
@@ -59,6 +62,7 @@ def test_feast_registration_sync_and_online_reads(stack, tmp_path):
 
     # 1. The repository, registered with Feast; Feast's own CLI sees it.
     applied = json.loads(_feast("-m", "streams.feast", "apply", "--home", str(tmp_path), "--project", prefix,
+                                "--feature-set", str(DEFAULT_FEATURE_SET),
                                 "--redis", f"{redis_host}:{stack.redis_port}").splitlines()[-1])
     assert {"Entity device", "PushSource device_window_push", "FeatureView device_window"} <= set(applied["applied"])
     repo = tmp_path / "feast" / "repo"
@@ -84,13 +88,14 @@ def test_feast_registration_sync_and_online_reads(stack, tmp_path):
 
     # 3. The bridge pushes them into Feast's online store, then stops.
     group = f"{prefix}.feast"
-    sync = ["-m", "streams.feast", "sync", "--home", str(tmp_path), "--bootstrap", stack.bootstrap_servers,
+    sync = ["-m", "streams.feast", "sync", "--home", str(tmp_path), "--feature-set", str(DEFAULT_FEATURE_SET),
+            "--bootstrap", stack.bootstrap_servers,
             "--registry", stack.registry_url, "--topic", topic, "--group", group]
     stats = json.loads(_feast(*sync, "--max-records", str(len(rows)), "--until-idle-s", "20").splitlines()[-1])
     assert stats["records"] == len(rows), stats
 
     # 4. Read back through Feast: every value equals the newest row produced for its device.
-    got = json.loads(_feast("-m", "streams.feast", "get", "--home", str(tmp_path),
+    got = json.loads(_feast("-m", "streams.feast", "get", "--home", str(tmp_path), "--feature-set", str(DEFAULT_FEATURE_SET),
                             "dev-a", "dev-b", "dev-c", "dev-unknown").splitlines()[-1])
     for device, read in zip(["dev-a", "dev-b", "dev-c"], got[:3], strict=True):
         expected = newest[device]

@@ -25,7 +25,8 @@ from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
 from pm_app import FEATURE_SET
 from streams.features import online_layout, read_online_features
-from streams.testing import count_records, expected_windows, produce_readings, read_rows, recorded_readings
+from pm_app.simulator import recorded_readings
+from streams.testing import count_records, expected_windows, produce_records, read_rows
 from streams.plan import apply
 from streams.run import make_runner
 from streams.topology import load_topology
@@ -34,6 +35,7 @@ from reference import load_schema
 pytestmark = pytest.mark.integration
 
 FEAST_PYTHON = PROJECT_ROOT / ".venv-feast" / "bin" / "python"
+FEATURE_SET_FILE = PROJECT_ROOT / "topologies" / "predictive_maintenance" / "features" / "device_window.yaml"
 
 
 def _feast(*args: str, timeout: float = 180) -> str:
@@ -61,18 +63,18 @@ def test_feast_reads_what_the_embedded_engine_wrote(stack, tmp_path):
 
     # 1. Feast's repository for the same feature set and project, on the stack's Redis.
     redis_host = stack.redis_host or stack.host
-    applied = json.loads(_feast("apply", "--home", str(tmp_path), "--project", prefix,
+    applied = json.loads(_feast("apply", "--home", str(tmp_path), "--project", prefix, "--feature-set", str(FEATURE_SET_FILE),
                                 "--redis", f"{redis_host}:{stack.redis_port}"))
     assert "FeatureView device_window" in applied["applied"]
 
     # 2. The embedded engine computes windows of recorded telemetry and writes the online store.
     readings = recorded_readings(6, 16.0, seed=11)
-    expected, _ = expected_windows(readings)
+    expected, _ = expected_windows(readings, FEATURE_SET)
     source, output = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window"
     in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
     out_codec = codec(stack.registry_url, "pm.features.device_window-value",
                       load_schema("pm.features.device_window-value"))
-    produce_readings(stack.bootstrap_servers, source, in_codec, readings)
+    produce_records(stack.bootstrap_servers, source, in_codec, readings, key="device_id")
     runner = make_runner(topology, "features", stack)
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
@@ -95,7 +97,7 @@ def test_feast_reads_what_the_embedded_engine_wrote(stack, tmp_path):
     assert len(devices) == 6
 
     # 3. Feast's own SDK reads exactly those rows (and nothing for an unknown device).
-    got = json.loads(_feast("get", "--home", str(tmp_path), *devices, "no-such-device"))
+    got = json.loads(_feast("get", "--home", str(tmp_path), "--feature-set", str(FEATURE_SET_FILE), *devices, "no-such-device"))
     for device, read in zip(devices, got, strict=False):
         assert read["device_id"] == device
         assert set(read) == set(FEATURE_SET.columns)

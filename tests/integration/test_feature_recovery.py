@@ -25,14 +25,15 @@ from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
 from streams.features.engine import online_layout
 from streams.features.online import read_online_features
+from pm_app import FEATURE_SET
+from pm_app.simulator import recorded_readings
 from streams.testing import (
     by_window,
     count_records,
     diff_rows,
     expected_windows,
-    produce_readings,
+    produce_records,
     read_rows,
-    recorded_readings,
 )
 from streams.plan import apply
 from streams.run import make_runner
@@ -63,7 +64,7 @@ def test_kill_9_mid_window_then_restart_emits_what_an_uninterrupted_run_emits(st
     in_codec, out_codec = _codecs(stack)
     source, output = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window"
     readings = recorded_readings(12, 40.0, seed=21)
-    expected, _ = expected_windows(readings)
+    expected, _ = expected_windows(readings, FEATURE_SET)
     log = (tmp_path / "features.log").open("ab")
 
     def start() -> subprocess.Popen:
@@ -75,14 +76,14 @@ def test_kill_9_mid_window_then_restart_emits_what_an_uninterrupted_run_emits(st
     proc = start()
     try:
         for n, chunk in enumerate(chunks):
-            produce_readings(stack.bootstrap_servers, source, in_codec, chunk)
+            produce_records(stack.bootstrap_servers, source, in_codec, chunk, key="device_id")
             if n in (1, 2):  # mid-stream: windows are open, some emitted, offsets held back
                 _wait_for(stack.bootstrap_servers, output, 12 * (2 + 2 * (n - 1)), 60, lambda p=proc: p.poll() is None)
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
                 proc = start()
         _wait_for(stack.bootstrap_servers, output, len(expected), 90, lambda p=proc: p.poll() is None)
-        rows = by_window(read_rows(stack.bootstrap_servers, output, out_codec, idle_s=3.0))
+        rows = by_window(read_rows(stack.bootstrap_servers, output, out_codec, idle_s=3.0), key="device_id")
     finally:
         proc.terminate()
         proc.wait(30)
@@ -132,21 +133,21 @@ def test_redis_restarted_while_the_job_runs_waits_and_catches_up(stack, tmp_path
     in_codec, out_codec = _codecs(stack)
     source, output = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window"
     readings = recorded_readings(8, 40.0, seed=33)
-    expected, _ = expected_windows(readings)
+    expected, _ = expected_windows(readings, FEATURE_SET)
     half = len(readings) // 2
     runner = make_runner(topology, "features", stack.model_copy(update={"redis_port": OWN_REDIS_PORT}))
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     try:
-        produce_readings(stack.bootstrap_servers, source, in_codec, readings[:half])
+        produce_records(stack.bootstrap_servers, source, in_codec, readings[:half], key="device_id")
         _wait_for(stack.bootstrap_servers, output, 8 * 3, 60, thread.is_alive)
         stop_redis()
-        produce_readings(stack.bootstrap_servers, source, in_codec, readings[half:])
+        produce_records(stack.bootstrap_servers, source, in_codec, readings[half:], key="device_id")
         time.sleep(4.0)  # the processor is stuck in its online-store write, retrying
         assert thread.is_alive()
         start_redis()
         _wait_for(stack.bootstrap_servers, output, len(expected), 60, thread.is_alive)
-        rows = by_window(read_rows(stack.bootstrap_servers, output, out_codec, idle_s=3.0))
+        rows = by_window(read_rows(stack.bootstrap_servers, output, out_codec, idle_s=3.0), key="device_id")
         time.sleep(1.0)
     finally:
         runner.stop()

@@ -39,7 +39,7 @@ def test_shadow_version_is_compared_and_never_served(stack, tmp_path):
                                "shadow_topic": shadow_topic})
     topology = Topology.model_validate(doc)
     apply(topology, stack)
-    processor = topology.processors["features"].load_class().build(BuildContext(topology, "features", stack))
+    processor = topology.load_object(topology.processors["features"].kind).build(BuildContext(topology, "features", stack))
     processor.name = "features"
     processor.setup()
 

@@ -19,17 +19,18 @@ from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
 from streams.feast.layout import FeastLayout
 from pm_app import FEATURE_SET
+from reference import PM
 from streams.features import faust_job
 from streams.features.online import read_online_features
+from pm_app.simulator import recorded_readings
 from streams.testing import (
     by_window,
     count_records,
     create_topics,
     diff_rows,
     expected_windows,
-    produce_readings,
+    produce_records,
     read_rows,
-    recorded_readings,
 )
 from streams.flink.launcher import job_argv, run_job
 from streams.plan import apply
@@ -38,6 +39,8 @@ from streams.topology import load_topology
 from reference import load_schema
 
 pytestmark = pytest.mark.integration
+
+FEATURE_SET_FILE = PM / "features" / "device_window.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,7 @@ def recorded(stack, tmp_path_factory):
     in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
     out_codec = codec(stack.registry_url, "pm.features.device_window-value", load_schema("pm.features.device_window-value"))
     readings = recorded_readings(20, 30.0)
-    produce_readings(stack.bootstrap_servers, source, in_codec, readings)
+    produce_records(stack.bootstrap_servers, source, in_codec, readings, key="device_id")
     return {"tmp": tmp, "path": path, "prefix": prefix, "topology": topology, "source": source,
             "readings": readings, "out_codec": out_codec}
 
@@ -68,7 +71,7 @@ def embedded_rows(stack, recorded):
         runner.stop()
         thread.join(30)
     late = count_records(stack.bootstrap_servers, f"{recorded['prefix']}.dlq.features")
-    return by_window(rows), late
+    return by_window(rows, key="device_id"), late
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +79,12 @@ def flink_rows(stack, recorded):
     prefix = recorded["prefix"]
     output, dlq = f"{prefix}.features.device_window_flink", f"{prefix}.dlq.features_flink"
     create_topics(stack.bootstrap_servers, [output, dlq])
-    argv = job_argv(stack, dlq=dlq, group=f"{prefix}.features-flink", source=recorded["source"], output=output,
+    argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE), dlq=dlq, group=f"{prefix}.features-flink",
+                    source=recorded["source"], output=output,
                     bounded=True, online_project=f"{prefix}-flink")
     run_job(argv, timeout_s=300, log_path=Path(recorded["tmp"]) / "flink.log")
     rows = read_rows(stack.bootstrap_servers, output, recorded["out_codec"], idle_s=1.0)
-    return by_window(rows), count_records(stack.bootstrap_servers, dlq)
+    return by_window(rows, key="device_id"), count_records(stack.bootstrap_servers, dlq)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +94,8 @@ def faust_rows(stack, recorded, embedded_rows):
     create_topics(stack.bootstrap_servers, [output, dlq])
     argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
                              redis_url=stack.redis_url, project=f"{prefix}-faust",
-                             source=recorded["source"], output=output, dlq=dlq, group=f"{prefix}.features-faust")
+                             source=recorded["source"], output=output, dlq=dlq, group=f"{prefix}.features-faust",
+                             feature_set=str(FEATURE_SET_FILE))
     with (Path(recorded["tmp"]) / "faust.log").open("wb") as log:
         worker = subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -103,12 +108,12 @@ def faust_rows(stack, recorded, embedded_rows):
         finally:
             worker.terminate()
             worker.wait(30)
-    return by_window(rows), count_records(stack.bootstrap_servers, dlq)
+    return by_window(rows, key="device_id"), count_records(stack.bootstrap_servers, dlq)
 
 
 def test_embedded_engine_matches_a_numpy_reference_with_disorder_and_late_readings(recorded, embedded_rows):
     rows, late = embedded_rows
-    expected, expected_late = expected_windows(recorded["readings"])
+    expected, expected_late = expected_windows(recorded["readings"], FEATURE_SET)
     assert len(rows) == 20 * 5
     assert diff_rows(expected, rows) == []
     assert late == expected_late >= sum(1 for r in recorded["readings"] if "-l" in r["event_id"]) > 0

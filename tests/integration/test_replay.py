@@ -14,7 +14,7 @@ from rich.console import Console
 from streams.launcher import high_watermarks
 from streams.plan import apply
 from streams.replay import agreement, backtest, delete_run, list_runs, replay, simulate_history
-from pm_app.simulator import Device, Fleet
+from pm_app.simulator import Device, Fleet, FleetSettings, FleetSimulator
 from streams.topology import load_topology
 
 from isolation import isolated_topology
@@ -35,6 +35,11 @@ def _records(stack, topic: str, partitions: int) -> list:
     return out
 
 
+def recall(result) -> float:
+    """Detected over injected, of the faults the rules act on (the simulator's precision / recall / F1 figure)."""
+    return float(result.figures["precision / recall / F1"].split(" / ")[1])
+
+
 @pytest.fixture(scope="module")
 def live(stack, tmp_path_factory):
     """A 'live' topology with 90 s of history from six machines, and a live group with committed offsets."""
@@ -44,7 +49,9 @@ def live(stack, tmp_path_factory):
     rng = np.random.default_rng(3)
     devices = [Device.random("bearing-1", rng, "bearing_wear", onset_s=20.0), Device.random("hot-1", rng, "overheating", 15.0)]
     devices += [Device.random(f"ok-{i}", rng) for i in range(4)]
-    sent, start_ms = simulate_history(stack, topology, Fleet(devices, hz=10.0, seed=9), 90.0)
+    simulator = FleetSimulator(topology, FleetSettings(), entities=len(devices), seed=9,
+                               fleet=Fleet(devices, hz=10.0, seed=9))
+    sent, start_ms = simulate_history(stack, simulator, 90.0)
     raw = topology.processors["ingest"].inputs[0]
     # a live consumer group that has read half of the raw topic
     group = topology.group("ingest")
@@ -99,8 +106,9 @@ def test_backtest_is_isolated_deterministic_and_cleaned_up(stack, live):
     # the same range through the same version twice: byte-identical actions
     assert first.digest == second.digest
     assert first.actions == second.actions and sum(first.actions.values()) > 0
-    assert first.faults["bearing_wear"]["detected"] == 1 and first.faults["overheating"]["detected"] == 1
-    assert first.recall == 1.0
+    assert first.figures["faults"]["bearing_wear"]["detected"] == 1
+    assert first.figures["faults"]["overheating"]["detected"] == 1
+    assert recall(first) == 1.0
     report_dir = stack.home / "replays" / run.run_id
     assert (report_dir / "report.json").exists() and (report_dir / "report.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -126,6 +134,7 @@ def test_backtest_of_two_versions_reports_the_difference_built_into_them(stack, 
     repo = tmp_path / "repo"
     (repo / "anomaly" / "1").mkdir(parents=True)
     shutil.copy(REPOSITORY / "anomaly" / "config.pbtxt", repo / "anomaly" / "config.pbtxt")
+    shutil.copy(REPOSITORY / "anomaly" / "labels.txt", repo / "anomaly" / "labels.txt")
     shutil.copy(REPOSITORY / "anomaly" / "1" / "model.onnx", repo / "anomaly" / "1" / "model.onnx")
     scratch = tmp_path / "blind"
     train(scratch, seed=5, blind_to=("overheating",), version=2)
@@ -142,9 +151,10 @@ def test_backtest_of_two_versions_reports_the_difference_built_into_them(stack, 
             delete_run(own, run.run_id)
     finally:
         triton.stop()
-    assert v1.faults["overheating"]["detected"] == 1 and blind.faults["overheating"]["detected"] == 0
+    faults = v1.figures["faults"], blind.figures["faults"]
+    assert faults[0]["overheating"]["detected"] == 1 and faults[1]["overheating"]["detected"] == 0
     assert v1.labels.get("overheating", 0) > 0 and blind.labels.get("overheating", 0) == 0
-    assert v1.faults["bearing_wear"]["detected"] == blind.faults["bearing_wear"]["detected"] == 1
-    assert blind.recall < v1.recall == 1.0
+    assert faults[0]["bearing_wear"]["detected"] == faults[1]["bearing_wear"]["detected"] == 1
+    assert recall(blind) < recall(v1) == 1.0
     assert v1.digest != blind.digest
     assert agreement(v1, blind) < 1.0

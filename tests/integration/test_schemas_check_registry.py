@@ -10,6 +10,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from typer.testing import CliRunner
 
+from reference import PM
 from streams.cli import app
 from streams.schemas_check import RegistryHistory, check_schemas
 
@@ -42,6 +43,7 @@ def test_incompatible_change_is_refused_before_deploy_and_by_the_registry(stack,
 
 
 def test_cli_checks_the_project_schemas_against_the_stack_registry(stack):
-    result = CliRunner().invoke(app, ["schemas", "check", "--registry", stack.registry_url], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(app, ["schemas", "check", str(PM), "--registry", stack.registry_url],
+                                env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "pm.ingest.telemetry-value" in result.output and "FULL_TRANSITIVE" in result.output

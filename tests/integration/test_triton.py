@@ -1,4 +1,4 @@
-"""The real Triton: `python -m inference_workers.triton_server` on the CPU, called through TritonModel
+"""The real Triton: `inference_workers/triton_server.py` on the CPU, called through TritonModel
 and ModelRepository (explicit model control).
 
 The server runs in the model-server environment (.venv-triton) against a temporary model
@@ -29,16 +29,17 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from inference_workers.triton_client import (
-    ANOMALY_CONTRACT,
     ModelContract,
     ModelRepository,
     TensorContract,
     TritonModel,
     VersionState,
 )
+from reference import PM
 from reference import REPO as PROJECT_ROOT
 from streams.errors import InferenceError, InferenceUnavailableError
 from streams.settings import StackSettings
+from streams.stack.components import TRITON_SERVER
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +50,8 @@ GRPC_URL = f"{HOST}:{GRPC_PORT}"
 READY_URL = f"http://{HOST}:{HTTP_PORT}/v2/health/ready"
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
-CONFIG = PROJECT_ROOT / "topologies" / "predictive_maintenance" / "model_repository" / "anomaly" / "config.pbtxt"
+CONFIG = PM / "model_repository" / "anomaly" / "config.pbtxt"
+ANOMALY_CONTRACT = ModelContract.from_config(CONFIG.parent)
 
 
 def write_anomaly_model(path: Path, seed: int = 7, features: int = 27) -> None:
@@ -136,6 +138,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repository = root / "model_repository"
     (repository / "anomaly").mkdir(parents=True)
     (repository / "anomaly" / "config.pbtxt").write_text(CONFIG.read_text())
+    (repository / "anomaly" / "labels.txt").write_text((CONFIG.parent / "labels.txt").read_text())
     write_anomaly_model(repository / "anomaly" / "1" / "model.onnx", seed=7)
     write_anomaly_model(repository / "anomaly" / "2" / "model.onnx", seed=8)  # other weights
 
@@ -147,7 +150,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
     log = root / "triton.log"
     command = [
-        str(python), "-m", "inference_workers.triton_server",
+        str(python), str(TRITON_SERVER),
         "--model-repository", str(repository),
         "--host", HOST,
         "--http-port", str(HTTP_PORT),
@@ -199,7 +202,7 @@ def control(action) -> object:
 
 def infer(version: str, batch: np.ndarray) -> np.ndarray:
     async def call() -> np.ndarray:
-        async with TritonModel(GRPC_URL, "anomaly", version, timeout_s=30.0) as model:
+        async with TritonModel(GRPC_URL, "anomaly", version, timeout_s=30.0, contract=ANOMALY_CONTRACT) as model:
             return await model.infer(batch)
 
     return asyncio.run(call())
@@ -223,7 +226,7 @@ def back_to_version_2() -> Iterator[None]:
 
 def test_server_is_ready_and_serves_the_declared_config(server: Server) -> None:
     async def check() -> None:
-        model = TritonModel(GRPC_URL, "anomaly")
+        model = TritonModel(GRPC_URL, "anomaly", contract=ANOMALY_CONTRACT)
         try:
             assert await model.is_ready()
             await model.setup()
@@ -249,7 +252,7 @@ def test_triton_returns_what_onnxruntime_returns(server: Server, rows: int) -> N
     batch = np.random.default_rng(rows).normal(size=(rows, 27)).astype(np.float32)
 
     async def infer() -> np.ndarray:
-        async with TritonModel(GRPC_URL, "anomaly", timeout_s=30.0) as model:
+        async with TritonModel(GRPC_URL, "anomaly", timeout_s=30.0, contract=ANOMALY_CONTRACT) as model:
             return await model.infer(batch)
 
     probabilities = asyncio.run(infer())
@@ -262,7 +265,7 @@ def test_concurrent_calls_are_answered_each_with_its_own_rows(server: Server) ->
     batches = [np.random.default_rng(i).normal(size=(n, 27)).astype(np.float32) for i, n in enumerate([1, 7, 64, 300])]
 
     async def infer_all() -> list[np.ndarray]:
-        async with TritonModel(GRPC_URL, "anomaly", timeout_s=30.0) as model:
+        async with TritonModel(GRPC_URL, "anomaly", timeout_s=30.0, contract=ANOMALY_CONTRACT) as model:
             return await asyncio.gather(*(model.infer(b) for b in batches))
 
     for batch, result in zip(batches, asyncio.run(infer_all())):
@@ -309,7 +312,7 @@ def test_a_wrong_contract_is_refused_naming_the_field(server: Server, contract: 
 
 def test_an_unknown_model_is_refused(server: Server) -> None:
     async def setup() -> None:
-        async with TritonModel(GRPC_URL, "no_such_model"):
+        async with TritonModel(GRPC_URL, "no_such_model", contract=ANOMALY_CONTRACT):
             pass
 
     with pytest.raises(InferenceError, match="no_such_model"):
@@ -318,7 +321,7 @@ def test_an_unknown_model_is_refused(server: Server) -> None:
 
 def test_a_batch_off_contract_is_refused_before_sending(server: Server) -> None:
     async def infer() -> None:
-        async with TritonModel(GRPC_URL, "anomaly") as model:
+        async with TritonModel(GRPC_URL, "anomaly", contract=ANOMALY_CONTRACT) as model:
             await model.infer(np.zeros((4, 26), dtype=np.float32))
 
     with pytest.raises(InferenceError, match=r"batch shape \[4, 26\] does not fit input 'features' dims \[27\]"):
@@ -332,7 +335,7 @@ def test_a_call_past_its_deadline_raises(server: Server) -> None:
     assert servers
 
     async def infer() -> None:
-        async with TritonModel(GRPC_URL, "anomaly", timeout_s=5.0) as model:
+        async with TritonModel(GRPC_URL, "anomaly", timeout_s=5.0, contract=ANOMALY_CONTRACT) as model:
             model.timeout_s = 0.5  # set up with a sane deadline, then call a frozen server
             for pid in servers:
                 os.kill(pid, signal.SIGSTOP)
@@ -350,14 +353,14 @@ def test_a_call_past_its_deadline_raises(server: Server) -> None:
 
 def test_an_unreachable_server_raises(server: Server) -> None:
     async def setup() -> None:
-        async with TritonModel(f"{HOST}:1", "anomaly", timeout_s=2.0):
+        async with TritonModel(f"{HOST}:1", "anomaly", timeout_s=2.0, contract=ANOMALY_CONTRACT):
             pass
 
     with pytest.raises(InferenceError, match="unavailable|deadline exceeded"):
         asyncio.run(setup())
 
     async def ready() -> bool:
-        model = TritonModel(f"{HOST}:1", "anomaly", timeout_s=1.0)
+        model = TritonModel(f"{HOST}:1", "anomaly", timeout_s=1.0, contract=ANOMALY_CONTRACT)
         try:
             return await model.is_ready()
         finally:
@@ -368,7 +371,7 @@ def test_an_unreachable_server_raises(server: Server) -> None:
 
 def test_a_second_server_on_the_same_ports_exits_at_once(server: Server) -> None:
     command = [
-        str(StackSettings().triton_python), "-m", "inference_workers.triton_server",
+        str(StackSettings().triton_python), str(TRITON_SERVER),
         "--model-repository", str(server.repository),
         "--http-port", str(HTTP_PORT), "--grpc-port", str(GRPC_PORT), "--metrics-port", str(METRICS_PORT),
     ]  # fmt: skip
@@ -399,7 +402,7 @@ def test_loading_and_unloading_never_fails_a_call_to_a_version_that_stays(server
     stop, answered, failures = threading.Event(), [0], []
 
     async def call_version_2() -> None:
-        async with TritonModel(GRPC_URL, "anomaly", "2", timeout_s=10.0) as model:
+        async with TritonModel(GRPC_URL, "anomaly", "2", timeout_s=10.0, contract=ANOMALY_CONTRACT) as model:
             while not stop.is_set():
                 try:
                     np.testing.assert_allclose(await model.infer(batch), expected, rtol=0, atol=1e-5)
@@ -430,7 +433,7 @@ def test_a_call_to_an_unloaded_version_is_unavailable_not_wrong(server: Server, 
     batch = np.zeros((4, 27), dtype=np.float32)
 
     async def setup() -> None:
-        async with TritonModel(GRPC_URL, "anomaly", "1", timeout_s=10.0):  # a client loads nothing
+        async with TritonModel(GRPC_URL, "anomaly", "1", timeout_s=10.0, contract=ANOMALY_CONTRACT):  # a client loads nothing
             pass
 
     with pytest.raises(InferenceUnavailableError, match="version 1"):
@@ -475,7 +478,7 @@ def test_unloading_the_model_then_serving_a_version_again(server: Server, back_t
     assert not {v for v, state in states().items() if state == "READY"}
 
     async def version_2_ready() -> bool:
-        model = TritonModel(GRPC_URL, "anomaly", "2")
+        model = TritonModel(GRPC_URL, "anomaly", "2", contract=ANOMALY_CONTRACT)
         try:
             return await model.is_ready()
         finally:
@@ -490,9 +493,10 @@ def test_unloading_the_model_then_serving_a_version_again(server: Server, back_t
 def test_a_bad_repository_is_refused_before_triton_starts(tmp_path: Path) -> None:
     (tmp_path / "anomaly").mkdir()
     (tmp_path / "anomaly" / "config.pbtxt").write_text(CONFIG.read_text())
+    (tmp_path / "anomaly" / "labels.txt").write_text((CONFIG.parent / "labels.txt").read_text())
     write_anomaly_model(tmp_path / "anomaly" / "1" / "model.onnx", features=26)
     command = [
-        str(StackSettings().triton_python), "-m", "inference_workers.triton_server",
+        str(StackSettings().triton_python), str(TRITON_SERVER),
         "--model-repository", str(tmp_path),
         "--http-port", str(HTTP_PORT + 50), "--grpc-port", str(GRPC_PORT + 50), "--metrics-port", str(METRICS_PORT + 50),
     ]  # fmt: skip

@@ -1,6 +1,6 @@
 """Inference workers on the real Kafka and a real Triton: kill -9, Triton down, Triton hanging, routing.
 
-These tests run their own Triton (``python -m inference_workers.triton_server`` on ports
+These tests run their own Triton (``inference_workers/triton_server.py`` on ports
 28010-28012, shifted by TANGRAM_TEST_PORT_OFFSET: below the kernel's ephemeral range, where a client
 connection's local port could take one of them) so that they can stop, freeze and restart it without disturbing the session stack's.
 Its repository holds two versions of ``anomaly``: the project's trained model (version 1) and one
@@ -58,6 +58,7 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonProcess]:
     repository = root / "repository"
     (repository / "anomaly" / "1").mkdir(parents=True)
     shutil.copy(REPOSITORY / "anomaly" / "config.pbtxt", repository / "anomaly" / "config.pbtxt")
+    shutil.copy(REPOSITORY / "anomaly" / "labels.txt", repository / "anomaly" / "labels.txt")
     shutil.copy(production, repository / "anomaly" / "1" / "model.onnx")
     # Version 2: the same training script, another seed (different weights).
     train(root / "trained", seed=7, n_devices=120, seconds=120.0, version=2)
@@ -184,7 +185,16 @@ def stop_runner(runner: Runner, thread: threading.Thread) -> None:
 
 
 def test_a_contract_mismatch_is_refused_at_start_with_a_clear_message(stack, triton, tmp_path):
-    _, path, _ = worker_topology(tmp_path, stack, params={"classes": ["healthy", "bearing_wear"]})
+    """The app declares a model of two classes; Triton serves one of three: the worker refuses to start."""
+    _, path, _ = worker_topology(tmp_path, stack)
+    declared = tmp_path / "declared" / "anomaly"
+    declared.mkdir(parents=True)
+    (declared / "config.pbtxt").write_text((REPOSITORY / "anomaly" / "config.pbtxt").read_text().replace(
+        "dims: [ 3 ]", "dims: [ 2 ]"))
+    (declared / "labels.txt").write_text("healthy\nbearing_wear\n")
+    raw = yaml.safe_load(path.read_text())
+    raw["models"] = {"repository": str(declared.parent)}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     env = {**os.environ, **stack_env(own_triton(stack)), "TANGRAM_TRITON_GRPC_PORT": str(GRPC_PORT)}
     result = subprocess.run([sys.executable, "-m", "streams", "run", str(path), "inference"], cwd=PROJECT_ROOT,
                             env=env, capture_output=True, text=True, timeout=60)
@@ -341,10 +351,10 @@ def test_a_replica_calling_a_version_another_replica_unloaded_backs_off_and_lose
     a, b = workers["a"], workers["b"]
     encode = codec(stack.registry_url, "pm.features.device_window-value",
                    load_schema("pm.features.device_window-value")).encode
-    batch = [Record("t", 0, i, f"dev-{i}".encode(), encode(window(f"dev-{i}", 0)), {"trace_id": b"0" * 32}, 0)
-             for i in range(8)]
+    batch = [Record("t", 0, i, f"dev-{i}".encode(), encode(window(f"dev-{i}", 0)),
+                    {"trace_id": b"0" * 32, "event_id": f"dev-{i}:0".encode()}, 0) for i in range(8)]
 
-    def versions(outputs) -> set[str]:
+    def versions(outputs) -> set[str]:  # a prediction's id: <model>:<version>:<the window's id, dev-i:start>
         return {dict(o.headers)["event_id"].rsplit(":", 2)[0] for o in outputs}
 
     try:

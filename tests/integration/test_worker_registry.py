@@ -7,6 +7,7 @@ import time
 import uuid
 
 import pytest
+import yaml
 
 from inference_workers.worker import InferenceWorker
 from streams.avro import codec
@@ -37,10 +38,9 @@ def windows(stack, n: int) -> list[Record]:
 def test_worker_follows_the_registry_and_refuses_a_tampered_artifact(stack, tmp_path):
     topic = f"_tangram.models.t{uuid.uuid4().hex[:8]}"
     path, _ = isolated_topology(tmp_path)
-    text = path.read_text()
-    assert text.count("      model: anomaly\n") >= 1
-    path.write_text(text.replace("      model: anomaly\n",
-                                 f"      model: anomaly\n      follow_registry: true\n      registry_topic: '{topic}'\n", 1))
+    raw = yaml.safe_load(path.read_text())
+    raw["processors"]["inference"]["params"].update(follow_registry=True, registry_topic=topic)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     topology = load_topology(path)
     assert topology.processors["inference"].params["follow_registry"] is True
     apply(topology, stack)

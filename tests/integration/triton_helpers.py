@@ -20,6 +20,7 @@ import pytest
 
 from reference import REPO as PROJECT_ROOT
 from streams.settings import StackSettings
+from streams.stack.components import TRITON_SERVER
 
 HOST = "127.0.0.1"
 _OFFSET = int(os.environ.get("TANGRAM_TEST_PORT_OFFSET", "0"))
@@ -58,7 +59,7 @@ class TritonProcess:
         started = time.monotonic()
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [str(StackSettings().triton_python), "-m", "inference_workers.triton_server",
+                [str(StackSettings().triton_python), str(TRITON_SERVER),
                  "--model-repository", str(self.repository), "--host", HOST, "--http-port", str(HTTP_PORT),
                  "--grpc-port", str(GRPC_PORT), "--metrics-port", str(METRICS_PORT)],
                 cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
