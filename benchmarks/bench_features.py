@@ -41,7 +41,7 @@ from confluent_kafka.admin import AdminClient
 from streams import PROJECT_ROOT
 from streams.avro import codec
 from streams.features import FEATURE_SET, EntityWindows, faust_job
-from streams.feast.layout import FeastLayout
+from streams.features.layout import FeastLayout
 from streams.features.online import OnlineLookup, OnlineWriter, read_online_features
 from streams.features.testing import count_records, create_topics, produce_readings, recorded_readings
 from streams.flink.launcher import job_argv, run_job

@@ -54,7 +54,8 @@ from inference_workers.routing import (
     VersionRouting,
 )
 from inference_workers.triton_client import ModelContract, ModelRepository, TritonModel
-from streams.avro import AvroCodec, WireFormatError
+from streams.avro import AvroCodec
+from streams.wire import WireFormatError
 from streams.columnar import MapColumn
 from streams.context import BuildContext
 from streams.delivery import (

@@ -1,53 +1,34 @@
-"""Avro values in the Confluent wire format: magic byte 0, 4-byte big-endian schema id, Avro binary.
+"""The application's Avro codecs: the wire format of :mod:`streams.wire` over confluent-kafka's registry client.
 
-This is what Kafka Connect, ksqlDB, Flink's ``avro-confluent`` format and
-confluent-kafka's own serializers speak. Encoding and decoding use fastavro's
-schemaless reader/writer; writer schemas are fetched from the registry by id once
-and cached. Timestamps stay epoch milliseconds (the logical type is read as the
-plain ``long`` it is on the wire), which keeps the hot path free of datetimes.
+``codec(registry_url, subject, schema)`` is the one codec of a subject per process, bound to the id
+`tangram apply` registered; ``topic_codec(topology, registry_url, topic)`` is that of an app's topic.
+An :class:`AvroCodec` is a :class:`streams.wire.Codec` (encode with the subject's schema, decode any
+writer id into it) plus the batch codec of the hot paths (:mod:`streams.columnar`).
 """
 
 from __future__ import annotations
 
-import copy
-import io
 import json
-import struct
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 
-import fastavro
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from streams.columnar import BatchCodec
 from streams.errors import SchemaError, TopologyError
+from streams.wire import Codec, WireFormatError, parse
 
 if TYPE_CHECKING:
     from streams.topology import Topology
 
-MAGIC_BYTE = 0
 #: Below this many records a batch is encoded and decoded record by record (numpy's fixed cost per
 #: call outweighs fastavro's per-record cost; measured crossover 20–60 records on this machine).
 SMALL_BATCH = 32
-_HEADER = struct.Struct(">bI")
 
 
-class WireFormatError(SchemaError):
-    """A value is not a Confluent-framed Avro record this codec can read."""
-
-
-def _plain(schema: Any) -> Any:
-    """A copy of ``schema`` without logical types, so timestamps decode as ints."""
-    if isinstance(schema, dict):
-        return {k: _plain(v) for k, v in schema.items() if k != "logicalType"}
-    if isinstance(schema, list):
-        return [_plain(s) for s in schema]
-    return schema
-
-
-class Registry:
-    """A thin cache over confluent-kafka's ``SchemaRegistryClient``."""
+class RegistryClient:
+    """A thin cache over confluent-kafka's ``SchemaRegistryClient``: register, look up, writer schemas by id."""
 
     def __init__(self, url: str, timeout_s: float = 5.0):
         self.url = url
@@ -67,7 +48,7 @@ class Registry:
         except SchemaRegistryError as exc:
             raise SchemaError(
                 f"subject {subject!r} does not hold this schema in the registry at {self.url} ({exc}); "
-                "run `tangram apply <topology>` first"
+                "run `tangram apply <app>` first"
             ) from exc
 
     def latest(self, subject: str) -> dict:
@@ -85,66 +66,26 @@ class Registry:
                 text = self.client.get_schema(schema_id).schema_str
             except SchemaRegistryError as exc:
                 raise WireFormatError(f"unknown schema id {schema_id}: {exc}") from exc
-            self._by_id[schema_id] = fastavro.parse_schema(_plain(json.loads(text)))
+            self._by_id[schema_id] = parse(json.loads(text))
         return self._by_id[schema_id]
 
 
-class AvroCodec:
-    """Encode and decode the values of one subject.
+class AvroCodec(Codec):
+    """Encode and decode the values of one subject (see :class:`streams.wire.Codec`), with its batch codec."""
 
-    ``encode`` writes with the subject's schema and id. ``decode`` reads any
-    writer id the registry knows into this subject's (reader) schema, following
-    Avro schema resolution.
-    """
-
-    def __init__(self, registry: Registry, subject: str, schema: dict, *, register: bool = False):
+    def __init__(self, registry: RegistryClient, subject: str, schema: dict, *, register: bool = False):
         text = json.dumps(schema)
-        self.subject = subject
+        schema_id = registry.register(subject, text) if register else registry.lookup(subject, text)
+        super().__init__(subject, schema, schema_id, registry.parsed)
         self.registry = registry
-        self.schema_id = registry.register(subject, text) if register else registry.lookup(subject, text)
-        self.schema_json = schema
-        self.schema = fastavro.parse_schema(_plain(copy.deepcopy(schema)))
-        self._header = _HEADER.pack(MAGIC_BYTE, self.schema_id)
-
-    @property
-    def header(self) -> bytes:
-        """The 5 bytes that start every value this codec writes: magic byte and schema id."""
-        return self._header
 
     @cached_property
     def batch(self) -> BatchCodec | None:
         """Whole-batch encoding and decoding of this schema (``None``: not a flat record; use ``encode``/``decode``)."""
         try:
-            return BatchCodec(self.schema_json, self._header, small_batch=SMALL_BATCH, record_writer=self.encode)
+            return BatchCodec(self.schema_json, self.header, small_batch=SMALL_BATCH, record_writer=self.encode)
         except ValueError:  # a field type the batch codec does not cover
             return None
-
-    def encode(self, record: dict) -> bytes:
-        buf = io.BytesIO()
-        buf.write(self._header)
-        fastavro.schemaless_writer(buf, self.schema, record)
-        return buf.getvalue()
-
-    def decode(self, data: bytes | None) -> dict:
-        if data is None or len(data) < _HEADER.size:
-            raise WireFormatError(f"value of {0 if data is None else len(data)} bytes is shorter than the 5-byte header")
-        magic, schema_id = _HEADER.unpack_from(data)
-        if magic != MAGIC_BYTE:
-            raise WireFormatError(f"magic byte {magic} is not {MAGIC_BYTE}: not Confluent-framed Avro")
-        buf = io.BytesIO(data)
-        buf.seek(_HEADER.size)
-        try:
-            if schema_id == self.schema_id:
-                record = fastavro.schemaless_reader(buf, self.schema, None)
-            else:
-                record = fastavro.schemaless_reader(buf, self.registry.parsed(schema_id), self.schema)
-        except WireFormatError:
-            raise
-        except Exception as exc:  # fastavro raises EOFError, UnicodeDecodeError, SchemaResolutionError, ...
-            raise WireFormatError(f"cannot decode Avro with schema id {schema_id}: {type(exc).__name__}: {exc}") from exc
-        if buf.tell() != len(data):
-            raise WireFormatError(f"{len(data) - buf.tell()} trailing bytes after the Avro record")
-        return record
 
 
 @lru_cache(maxsize=None)
@@ -153,8 +94,8 @@ def _cached_codec(url: str, subject: str, schema_json: str, register: bool) -> A
 
 
 @lru_cache(maxsize=None)
-def _registry(url: str) -> Registry:
-    return Registry(url)
+def _registry(url: str) -> RegistryClient:
+    return RegistryClient(url)
 
 
 def codec(registry_url: str, subject: str, schema: dict | None = None, *, register: bool = False) -> AvroCodec:
@@ -170,3 +111,6 @@ def topic_codec(topology: Topology, registry_url: str, topic: str) -> AvroCodec:
     if not subject:
         raise TopologyError(f"topic {topic!r} of app {topology.app!r} is not an Avro topic")
     return codec(registry_url, subject, topology.schema(subject))
+
+
+__all__ = ["AvroCodec", "RegistryClient", "WireFormatError", "codec", "topic_codec"]

@@ -17,7 +17,6 @@ import hashlib
 import io
 import math
 import operator
-import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -34,13 +33,14 @@ from fastavro.validation import ValidationError as AvroValidationError
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
-from streams.avro import MAGIC_BYTE, AvroCodec, WireFormatError, _plain
+from streams.avro import AvroCodec
 from streams.context import BuildContext
 from streams.delivery import (
     H_EVENT_ID, H_INGEST_MS, H_TRACE_ID, H_TRACEPARENT, Output, Processor, Record, dead_letter, traceparent,
 )
 from streams.errors import TopologyError
 from streams.registry import compatibility
+from streams.wire import HEADER, MAGIC_BYTE, WireFormatError, plain
 
 DUPLICATES = Counter("tangram_ingest_duplicates_total", "Readings dropped as duplicates of an event_id already accepted.", ["processor"])
 REJECTED = Counter("tangram_ingest_rejected_total", "Readings refused by the validation path, by reason.", ["stream", "reason"])
@@ -50,7 +50,6 @@ FIELD_REJECTED = Counter("tangram_ingest_field_rejected_total",
 FIELD_MISSING = Counter("tangram_ingest_field_missing_total",
                         "Accepted readings in which a field arrived null (a dropped sensor), per field.", ["stream", "field"])
 
-_HEADER = struct.Struct(">bI")
 #: Header an upstream producer may set to be rate-limited as one client on the Kafka path.
 H_CLIENT_ID = "client_id"
 
@@ -230,7 +229,7 @@ class Validator:
     def __init__(self, schema: dict, settings: IngestSettings, name: str = "ingest"):
         self.settings = settings
         self.name = name
-        self.schema = fastavro.parse_schema(_plain(schema))
+        self.schema = fastavro.parse_schema(plain(schema))
         self.fields = {f["name"]: f for f in schema["fields"]}
         self._field_names = frozenset(self.fields)
         self._nullable = tuple(n for n, f in self.fields.items() if isinstance(f["type"], list) and "null" in f["type"])
@@ -265,9 +264,9 @@ class Validator:
     def validate_avro(self, key: bytes | None, value: bytes | None, now_ms: int, codec: AvroCodec) -> dict:
         """A Confluent-framed Avro reading, read into the contract's schema, then checked like JSON."""
         key_text = self._sized_key(key, value)
-        if len(value) < _HEADER.size:
+        if len(value) < HEADER.size:
             raise Rejected("truncated", f"value of {len(value)} bytes is shorter than the 5-byte Avro header")
-        magic, schema_id = _HEADER.unpack_from(value)
+        magic, schema_id = HEADER.unpack_from(value)
         if magic != MAGIC_BYTE:
             raise Rejected("bad_magic", f"magic byte {magic} is not {MAGIC_BYTE}: not Confluent-framed Avro")
         if schema_id == codec.schema_id:
@@ -281,7 +280,7 @@ class Validator:
                     raise Rejected("unknown_schema", f"schema id {schema_id} is not in the registry") from None
                 raise  # the registry is unreachable or failing: stop, retry after the restart, drop nothing
         buf = io.BytesIO(value)
-        buf.seek(_HEADER.size)
+        buf.seek(HEADER.size)
         try:
             record = fastavro.schemaless_reader(buf, writer, None if writer is codec.schema else codec.schema)
         except EOFError:

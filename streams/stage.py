@@ -47,7 +47,8 @@ from typing import Any, ClassVar, Self
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from streams.avro import AvroCodec, WireFormatError
+from streams.avro import AvroCodec
+from streams.wire import WireFormatError
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, Output, Processor, Record, carry_headers, dead_letter
 from streams.errors import BackpressureError, TopologyError

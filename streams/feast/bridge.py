@@ -1,6 +1,6 @@
 """Backfill: the features topic into Feast's online store, through Feast's own push.
 
-The engines write Feast's Redis store themselves (``streams.feast.layout``), so this is not
+The engines write Feast's Redis store themselves (``streams.features.layout``), so this is not
 on the live path: it refills the store from the topic when Redis is new or was emptied, or for
 rows from an engine run without an online store. Feast's writer and the engines' write the same
 bytes and keep the same rule (the newest ``window_end`` wins), so the two can run side by side.
@@ -20,47 +20,20 @@ to look at, not data to skip.
 
 from __future__ import annotations
 
-import io
 import logging
 import signal
-import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
-import fastavro
 
 from streams.errors import SchemaError
 from streams.features.spec import FeatureSet
-from streams.features.wire import RegistryREST, plain
-from streams.feast.repo import EVENT_TIME_COLUMN, EVENT_TIMESTAMP, INT_COLUMNS, Names, feature_columns
+from streams.wire import RegistryREST, WireCodec
+from streams.feast.repo import EVENT_TIMESTAMP
+from streams.features.layout import EVENT_TIME_COLUMN, INT_COLUMNS, Names, feature_columns
 
 log = logging.getLogger("tangram.feast.sync")
-
-_HEADER = struct.Struct(">bI")
-
-
-class FramedAvro:
-    """Decode Confluent-framed Avro with each record's own writer schema (cached by id)."""
-
-    def __init__(self, registry: RegistryREST):
-        self.registry = registry
-        self._schemas: dict[int, Any] = {}
-
-    def decode(self, data: bytes | None) -> dict:
-        if data is None or len(data) < _HEADER.size:
-            raise SchemaError(f"value of {0 if data is None else len(data)} bytes is shorter than the 5-byte header")
-        magic, schema_id = _HEADER.unpack_from(data)
-        if magic != 0:
-            raise SchemaError(f"magic byte {magic} is not 0: not Confluent-framed Avro")
-        schema = self._schemas.get(schema_id)
-        if schema is None:
-            schema = self._schemas[schema_id] = fastavro.parse_schema(plain(self.registry.schema(schema_id)))
-        buf = io.BytesIO(data)
-        buf.seek(_HEADER.size)
-        return fastavro.schemaless_reader(buf, schema, None)
-
 
 @dataclass
 class SyncStats:
@@ -108,7 +81,7 @@ def sync(fs: FeatureSet, *, repo: str, bootstrap: str, registry: str, topic: str
     store = FeatureStore(repo_path=repo)
     push_source = Names.of(fs).push_source
     store.get_data_source(push_source)  # fails now, with Feast's message, if `apply` has not run
-    codec = FramedAvro(RegistryREST(registry))
+    codec = WireCodec(RegistryREST(registry), fs.output.schema_)  # any writer id, read as the newest schema
     consumer = Consumer({
         "bootstrap.servers": bootstrap,
         "group.id": group,

@@ -6,7 +6,7 @@
 - ``feature_store.yaml``: ``provider: local``, a file registry (``registry.db``), the file
   offline store (no service) and Feast's Redis online store on ``host:port``, with the declared
   online TTL as ``key_ttl_seconds`` (Feast keeps one Redis hash per entity, so the TTL is the
-  entity's; the engines write that layout themselves, ``streams.feast.layout``, with the same TTL);
+  entity's; the engines write that layout themselves, ``streams.features.layout``, with the same TTL);
 - ``<feature set>.py``: the definitions, generated with the declaration's values as literals, so
   that ``feast apply`` / ``feast plan`` run in the repository folder see exactly what
   ``python -m streams.feast apply`` registers: an ``Entity`` for the join key, a ``FileSource``
@@ -22,20 +22,18 @@ from __future__ import annotations
 
 import os
 import runpy
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from streams.features.layout import (
+    ENTITY_KEY_SERIALIZATION_VERSION, INT_COLUMNS, Names,
+)
 from streams.features.spec import FeatureSet
 
 #: Columns of the pushed rows that are not features: the entity's key and Feast's event time.
 EVENT_TIMESTAMP = "event_timestamp"
-#: The row's column that is its event time for Feast (``_ts:<view>`` in Redis): the window's end, epoch ms.
-EVENT_TIME_COLUMN = "window_end"
-#: How Feast serializes entity keys in this repository (``feature_store.yaml``) and in ``streams.feast.layout``.
-ENTITY_KEY_SERIALIZATION_VERSION = 3
 
 
 def default_home() -> Path:
@@ -46,31 +44,6 @@ def default_home() -> Path:
 def default_redis() -> str:
     host = os.environ.get("TANGRAM_REDIS_HOST") or os.environ.get("TANGRAM_HOST", "127.0.0.1")
     return f"{host}:{os.environ.get('TANGRAM_REDIS_PORT', '6379')}"
-
-
-@dataclass(frozen=True)
-class Names:
-    """The Feast names of one feature set."""
-
-    entity: str
-    join_key: str
-    feature_view: str
-    push_source: str
-    batch_source: str
-
-    @classmethod
-    def of(cls, fs: FeatureSet) -> Names:
-        return cls(entity=fs.entity.name, join_key=fs.entity.join_key, feature_view=fs.name,
-                   push_source=f"{fs.name}_push", batch_source=f"{fs.name}_batch")
-
-
-#: The Int64 fields of every feature view: the window bounds (epoch ms) and the reading count.
-INT_COLUMNS = ("window_start", "window_end", "count")
-
-
-def feature_columns(fs: FeatureSet) -> tuple[str, ...]:
-    """Every field of the feature view, in the order of the output record (key excluded)."""
-    return (*INT_COLUMNS, *fs.feature_names)
 
 
 def repo_dir(home: str | Path) -> Path:

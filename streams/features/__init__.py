@@ -1,13 +1,15 @@
 """Feature jobs (seed node 2): feature sets declared once, computed by interchangeable engines.
 
-- ``spec``: the declaration (``topologies/features/*.yaml``) as a typed, frozen model;
+- ``spec``: the declaration (an app's ``features/*.yaml``) as a typed, frozen model;
 - ``compute``: the window math and per-entity event-time state every engine shares
   (``compute_window`` is the one definition an app's training script uses too);
 - ``engine``: the embedded engine, a processor of the delivery loop (``WindowFeatures``);
 - ``faust_job``: the same feature set as a Faust app with windowed tables;
 - ``streams.flink.job``: the same feature set as a PyFlink job (Flink environment);
 - ``online``: the online store, Feast's Redis store (writes, and the reads the rules make);
-  its key layout lives in ``streams.feast.layout``.
+  ``layout``: its key layout, Feast's own, so ``FeatureStore.get_online_features`` reads it too.
+  ``streams.feast`` (the Feast repository and its sync bridge, in Feast's environment) builds on
+  these; nothing here imports it.
 
 ``spec`` and ``compute`` need only numpy, pydantic and PyYAML, so the Flink environment
 imports them; the Kafka- and Redis-bound names load on first use.

@@ -10,7 +10,7 @@ windows by re-reading. Windows already emitted are recognised by the ``window_en
 with the entity in the online store (written after the broker acknowledged the window,
 before the commit) and are not emitted twice.
 
-The online store is Feast's Redis store (``streams.feast.layout``): the newest row of each
+The online store is Feast's Redis store (``streams.features.layout``): the newest row of each
 entity under the Feast project named after the topology's ``app`` (so a namespaced copy of the
 topology, a replay or a test, writes its own project), ``FeatureStore.get_online_features``
 serves it and the rules read it (``online_layout``).
@@ -25,12 +25,13 @@ from confluent_kafka import TopicPartition
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
-from streams.avro import AvroCodec, WireFormatError
+from streams.avro import AvroCodec
+from streams.wire import WireFormatError
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
 from streams.features.compute import EntityWindows, output_row
 from streams.errors import TopologyError
-from streams.feast.layout import FeastLayout
+from streams.features.layout import FeastLayout
 from streams.features.online import OnlineWriter
 from streams.features.shadow import ShadowComparator
 from streams.features.shadow import encode as encode_difference

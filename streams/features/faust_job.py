@@ -15,7 +15,7 @@ Delivery: a window's output record is acknowledged by the broker before the stat
 says "emitted" is written to the table, and the state remembers the offset of the last
 reading applied, so a reading re-delivered after a crash is not counted twice: outputs may
 repeat (same ``event_id``), never go missing. Late readings go to the DLQ topic. The newest row
-of each entity goes to the online store, Feast's Redis store (``streams.feast.layout``), under
+of each entity goes to the online store, Feast's Redis store (``streams.features.layout``), under
 the Feast project ``--project``.
 
     python -m streams.features.faust_job --bootstrap 127.0.0.1:9092 --registry http://127.0.0.1:8081 \\
@@ -33,9 +33,10 @@ import time
 
 import faust
 
-from streams.avro import WireFormatError, codec
+from streams.avro import codec
+from streams.wire import WireFormatError
 from streams.features.compute import EntityWindows, output_row
-from streams.feast.layout import FeastLayout
+from streams.features.layout import FeastLayout
 from streams.features.online import OnlineWriter
 from streams.features.spec import load_feature_set
 

@@ -1,7 +1,7 @@
 """The online store: Feast's Redis store, written by the engines and read by the rules, without Feast.
 
 Every engine writes the newest row of each entity straight into Feast's Redis layout
-(``streams.feast.layout``: one hash per entity and Feast project, murmur3 field names,
+(``streams.features.layout``: one hash per entity and Feast project, murmur3 field names,
 ``feast.types.Value`` values, ``_ts:<view>``, the key TTL), so Feast's own
 ``get_online_features`` serves what the engines wrote, and the lookups here read the same
 bytes. Writes keep Feast's rule: a row whose ``window_end`` is not newer than the stored one
@@ -33,7 +33,7 @@ import redis
 import redis.asyncio
 
 from streams.errors import DeliveryError
-from streams.feast.layout import HMGET_MANY, HMGET_MANY_SHA, FeastLayout, decode_timestamp_ns, decode_value
+from streams.features.layout import HMGET_MANY, HMGET_MANY_SHA, FeastLayout, decode_timestamp_ns, decode_value
 
 log = logging.getLogger("tangram.features.online")
 

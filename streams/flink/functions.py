@@ -5,7 +5,7 @@
 key; the entity's state lives in Flink keyed state, so checkpoints carry it. Late and
 undecodable readings go to the ``LATE`` side output with their original bytes and the reason.
 Given a Redis URL, it also writes the newest row of each entity to the online store, Feast's
-Redis layout (``streams.feast.layout``), as the other engines do: after the windows of an element
+Redis layout (``streams.features.layout``), as the other engines do: after the windows of an element
 closed, before their rows reach the Kafka sink; a job restored from a checkpoint recomputes and
 rewrites them (Feast's rule keeps the newest ``window_end``, so the rewrite changes nothing).
 """
@@ -21,7 +21,7 @@ from pyflink.datastream.state import ValueStateDescriptor
 from streams.errors import SchemaError
 from streams.features.compute import EntityWindows, output_row
 from streams.features.spec import FeatureSet, load_feature_set
-from streams.features.wire import RegistryREST, WireCodec
+from streams.wire import RegistryREST, WireCodec
 
 CARRIED = ("event_id", "trace_id", "ingest_ms")
 BYTES = Types.PRIMITIVE_ARRAY(Types.BYTE())
@@ -43,12 +43,12 @@ class WindowFunction(KeyedProcessFunction):
         self.fs: FeatureSet = load_feature_set(self.feature_set)
         registry = RegistryREST(self.registry_url)
         # the contracts as `tangram apply` registered them from the app: the job needs no schema files
-        self.source = WireCodec(registry, self.source_subject, registry.latest(self.source_subject))
-        self.output = WireCodec(registry, self.output_subject, registry.latest(self.output_subject))
+        self.source = WireCodec(registry, self.source_subject)
+        self.output = WireCodec(registry, self.output_subject)
         self.state = ctx.get_state(ValueStateDescriptor("entity", Types.PICKLED_BYTE_ARRAY()))
         self.store = None
         if self.redis_url:
-            from streams.feast.layout import FeastLayout
+            from streams.features.layout import FeastLayout
             from streams.features.online import OnlineWriter
 
             if not self.project:

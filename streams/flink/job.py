@@ -4,7 +4,7 @@ Runs in the Flink environment (``.venv-flink``, apache-flink) on a local mini-cl
 submitted to a Flink cluster (``flink run -py streams/flink/job.py``). Kafka in and out go
 through Flink's Kafka connector (``flink-sql-connector-kafka`` from Maven Central,
 ``streams/flink/pom.xml``) with the ``raw`` format: values stay Confluent-framed Avro bytes,
-decoded and encoded with fastavro against the schema registry (``streams.features.wire``), so
+decoded and encoded with fastavro against the schema registry (``streams.wire``), so
 schema evolution follows the registry exactly as in the embedded engine.
 
 The windowing is the shared per-entity state machine (``streams.features.compute.EntityWindows``)

@@ -38,7 +38,8 @@ from collections.abc import Callable
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 
-from streams.avro import AvroCodec, WireFormatError
+from streams.avro import AvroCodec
+from streams.wire import WireFormatError
 from streams.context import BuildContext
 from streams.delivery import Output, Processor, Record, dead_letter
 from streams.errors import TopologyError

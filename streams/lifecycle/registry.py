@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from streams.errors import ModelRegistryError
-from streams.lifecycle.state import ModelEvent, ModelPolicy, ModelVersion, RegistryState, Stage, version_from_fields
+from streams.lifecycle.state import ModelEvent, ModelPolicy, ModelVersion, ModelRegistryState, Stage, version_from_fields
 from streams.statelog import Replica, StateTopic, default_actor
 
 log = logging.getLogger("tangram.lifecycle")
@@ -28,7 +28,7 @@ class ModelRegistry(Replica):
     """Register versions and move them through their stages, on ``_tangram.models``."""
 
     def __init__(self, bootstrap_servers: str, topic: str = MODELS_TOPIC, timeout_s: float = 10.0) -> None:
-        super().__init__(StateTopic(bootstrap_servers, topic, timeout_s), RegistryState())
+        super().__init__(StateTopic(bootstrap_servers, topic, timeout_s), ModelRegistryState())
 
     def _commit(self, events: list[ModelEvent]) -> list[ModelEvent]:
         if events:

@@ -1,6 +1,6 @@
 """The model registry's state: a pure fold of the events on ``_tangram.models``.
 
-Nothing here touches Kafka. Every change is an :class:`ModelEvent`; :class:`RegistryState`
+Nothing here touches Kafka. Every change is an :class:`ModelEvent`; :class:`ModelRegistryState`
 methods that change something validate against the current state and *return* the events to
 append; the caller appends them and only then applies them, exactly as a replay or a live
 watcher does, so the writer's state and every reader's state cannot diverge (the same pattern
@@ -259,7 +259,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class RegistryState:
+class ModelRegistryState:
     """All models, folded from events. ``apply`` is total: it never raises on a well-formed event."""
 
     def __init__(self) -> None:

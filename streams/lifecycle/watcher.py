@@ -24,7 +24,7 @@ from prometheus_client import Gauge, Histogram
 from streams.errors import ModelRegistryError
 from streams.lifecycle.artifacts import resolve_artifact, verify_artifact
 from streams.lifecycle.registry import MODELS_TOPIC
-from streams.lifecycle.state import RegistryState, Routing, VersionRef
+from streams.lifecycle.state import ModelRegistryState, Routing, VersionRef
 from streams.statelog import Follows, LogRecord, TopicFollower
 
 log = logging.getLogger("tangram.lifecycle.watcher")
@@ -43,7 +43,7 @@ class ModelRegistryWatcher(Follows):
     def __init__(self, bootstrap_servers: str, topic: str = MODELS_TOPIC, *, name: str = "watcher",
                  timeout_s: float = 10.0) -> None:
         self.name = name
-        self.state = RegistryState()
+        self.state = ModelRegistryState()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._listeners: list[Listener] = []

@@ -27,7 +27,8 @@ from pathlib import Path
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from streams.avro import AvroCodec, WireFormatError
+from streams.avro import AvroCodec
+from streams.wire import WireFormatError
 from streams.config_center import ConfigSubscriber
 from streams.config_center.center import CONFIG_TOPIC
 from streams.context import BuildContext

@@ -24,7 +24,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from streams.avro import WireFormatError, codec
+from streams.avro import codec
+from streams.wire import WireFormatError
 from streams.config_center import ConfigCenter
 from streams.errors import StackError, TangramError
 from streams.launcher import read_endpoints

@@ -4,6 +4,6 @@ Run it with ``python -m streams.registry --host 127.0.0.1 --port 8081 --bootstra
 """
 
 from streams.registry.compatibility import check, check_level
-from streams.registry.store import RegistryError, RegistryState
+from streams.registry.store import RegistryError, SchemaRegistryState
 
-__all__ = ["RegistryError", "RegistryState", "check", "check_level"]
+__all__ = ["RegistryError", "SchemaRegistryState", "check", "check_level"]

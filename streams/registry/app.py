@@ -1,6 +1,6 @@
 """The Confluent Schema Registry REST API (the part clients use), served with aiohttp.
 
-Reads answer from :class:`RegistryState`; every write is appended to the Kafka log and
+Reads answer from :class:`SchemaRegistryState`; every write is appended to the Kafka log and
 acknowledged by the broker before the state changes and before the HTTP response is sent.
 Deviation from Confluent, on purpose: ``GET /config/{subject}`` falls back to the global level
 when the subject has none (what confluent-kafka's ``get_compatibility`` documents).
@@ -17,7 +17,8 @@ from typing import Any
 from aiohttp import web
 
 from streams.registry.log import KafkaLog
-from streams.registry.store import Record, RegistryError, RegistryState, parse_version
+from streams.registry.store import RegistryError, SchemaRegistryState, parse_version
+from streams.statelog import LogRecord
 
 log = logging.getLogger("tangram.registry")
 
@@ -27,9 +28,9 @@ CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 class Registry:
     """State plus the log it is kept in; one writer at a time."""
 
-    def __init__(self, log_: KafkaLog | None, state: RegistryState | None = None) -> None:
+    def __init__(self, log_: KafkaLog | None, state: SchemaRegistryState | None = None) -> None:
         self.log = log_
-        self.state = state or RegistryState()
+        self.state = state or SchemaRegistryState()
         self._write_lock = asyncio.Lock()
 
     def load(self) -> int:
@@ -43,7 +44,7 @@ class Registry:
             count += 1
         return count
 
-    async def commit(self, records: list[Record]) -> None:
+    async def commit(self, records: list[LogRecord]) -> None:
         """Append records to the log (acknowledged), then apply them to the state."""
         if not records:
             return
@@ -52,7 +53,7 @@ class Registry:
         for record in records:
             self.state.apply(record)
 
-    async def change(self, plan: Callable[[], tuple[Any, list[Record]]]) -> Any:
+    async def change(self, plan: Callable[[], tuple[Any, list[LogRecord]]]) -> Any:
         """Plan a change against the current state and commit it, serialized with other writes."""
         async with self._write_lock:
             result, records = plan()

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable, Iterator
 
 from streams.errors import SchemaError, StackError, StateLogError
-from streams.registry.store import Record
+from streams.statelog import LogRecord
 from streams.statelog import StateTopic
 
 log = logging.getLogger("tangram.registry")
@@ -35,21 +35,17 @@ class KafkaLog:
         except StateLogError as exc:
             raise StackError(str(exc)) from exc
 
-    def replay(self) -> Iterator[Record]:
+    def replay(self) -> Iterator[LogRecord]:
         """Every record from the beginning of the topic up to its current end (high watermark)."""
         try:
-            for record in self._log.replay():
-                try:
-                    yield Record.from_bytes(record.key_bytes(), record.value_bytes())
-                except (ValueError, KeyError, TypeError):
-                    log.warning("skipping unreadable record at offset %d of %s", record.offset, self.topic)
+            yield from self._log.replay()  # records that are not JSON objects are skipped there, with a warning
         except StateLogError as exc:
             raise StackError(str(exc)) from exc
 
-    def append(self, records: Iterable[Record]) -> None:
+    def append(self, records: Iterable[LogRecord]) -> None:
         """Produce records (idempotent, acks=all) and wait until the broker acknowledged all of them."""
         try:
-            self._log.append(records)  # the registry's records serialise themselves (key_bytes, value_bytes)
+            self._log.append(records)
         except StateLogError as exc:
             raise SchemaError(f"the registry could not write to {self.topic}: {exc}") from exc
 

@@ -1,7 +1,7 @@
 """In-memory state of the schema registry, rebuilt from (and changed only through) log records.
 
 The registry's source of truth is the compacted ``_schemas`` topic. Every change is expressed
-as :class:`Record` values (a JSON key and a JSON value, ``None`` for a tombstone), shaped like
+as :class:`~streams.statelog.LogRecord` values (a JSON key and a JSON value, ``None`` for a tombstone), shaped like
 Confluent's so compaction keeps what matters:
 
 * ``{"keytype": "SCHEMA", "subject": s, "version": v, "magic": 1}`` →
@@ -11,9 +11,9 @@ Confluent's so compaction keeps what matters:
 * ``{"keytype": "ID_FLOOR", "magic": 0}`` → ``{"max_id": n}``, written on hard deletes so an id
   is never handed out twice even after compaction drops the tombstoned schema.
 
-:class:`RegistryState` methods that change something do not mutate: they validate, then
+:class:`SchemaRegistryState` methods that change something do not mutate: they validate, then
 return the records to append. The caller appends them to the log and only then calls
-:meth:`RegistryState.apply` on each, exactly as replay does, so live state and replayed state
+:meth:`SchemaRegistryState.apply` on each, exactly as replay does, so live state and replayed state
 cannot diverge. Nothing here touches Kafka, which keeps it unit-testable.
 """
 
@@ -25,6 +25,7 @@ from typing import Any
 
 from streams.errors import SchemaError
 from streams.registry import compatibility
+from streams.statelog import LogRecord
 
 DEFAULT_LEVEL = "BACKWARD"
 MAX_VERSION = 2**31 - 1
@@ -74,24 +75,6 @@ def invalid_level(level: Any) -> RegistryError:
     )
 
 
-@dataclass(frozen=True)
-class Record:
-    """One record of the ``_schemas`` log: JSON key and JSON value (``None`` = tombstone)."""
-
-    key: dict[str, Any]
-    value: dict[str, Any] | None
-
-    def key_bytes(self) -> bytes:
-        return json.dumps(self.key, sort_keys=True, separators=(",", ":")).encode()
-
-    def value_bytes(self) -> bytes | None:
-        return None if self.value is None else json.dumps(self.value, separators=(",", ":")).encode()
-
-    @classmethod
-    def from_bytes(cls, key: bytes, value: bytes | None) -> Record:
-        return cls(json.loads(key), None if value is None else json.loads(value))
-
-
 @dataclass
 class SchemaVersion:
     """A schema registered under a subject at a version."""
@@ -137,7 +120,7 @@ ID_FLOOR_KEY: dict[str, Any] = {"keytype": "ID_FLOOR", "magic": 0}
 
 
 @dataclass
-class RegistryState:
+class SchemaRegistryState:
     """Subjects, versions, global schema ids and compatibility levels."""
 
     subjects: dict[str, dict[int, SchemaVersion]] = field(default_factory=dict)
@@ -146,7 +129,7 @@ class RegistryState:
 
     # ---- applying log records -------------------------------------------------------------
 
-    def apply(self, record: Record) -> None:
+    def apply(self, record: LogRecord) -> None:
         """Apply one log record (replayed or freshly written). Unknown key types are ignored."""
         key, value = record.key, record.value
         keytype = key.get("keytype")
@@ -245,7 +228,7 @@ class RegistryState:
 
     # ---- changes: return the records to append -------------------------------------------
 
-    def register(self, subject: str, schema: str) -> tuple[SchemaVersion, list[Record]]:
+    def register(self, subject: str, schema: str) -> tuple[SchemaVersion, list[LogRecord]]:
         """Register ``schema`` under ``subject``; no records if it is already there.
 
         Raises 409 with the compatibility messages when the subject's level refuses it.
@@ -269,9 +252,9 @@ class RegistryState:
         sv = SchemaVersion(subject, version, schema_id, normalized)
         value = {"subject": subject, "version": version, "id": schema_id, "schema": normalized,
                  "schemaType": "AVRO", "deleted": False}
-        return sv, [Record(schema_key(subject, version), value)]
+        return sv, [LogRecord(schema_key(subject, version), value)]
 
-    def delete_version(self, subject: str, version: int | str, permanent: bool) -> tuple[int, list[Record]]:
+    def delete_version(self, subject: str, version: int | str, permanent: bool) -> tuple[int, list[LogRecord]]:
         """Soft-delete one version, or hard-delete one already soft-deleted."""
         sv = self.get_version(subject, version, deleted=permanent)
         if not permanent:
@@ -280,9 +263,9 @@ class RegistryState:
             raise RegistryError(
                 404, 40407, f"Subject '{subject}' Version {sv.version} was not deleted first before being permanently deleted"
             )
-        return sv.version, [Record(schema_key(subject, sv.version), None), self._id_floor()]
+        return sv.version, [LogRecord(schema_key(subject, sv.version), None), self._id_floor()]
 
-    def delete_subject(self, subject: str, permanent: bool) -> tuple[list[int], list[Record]]:
+    def delete_subject(self, subject: str, permanent: bool) -> tuple[list[int], list[LogRecord]]:
         """Soft-delete every version of a subject, or hard-delete a soft-deleted subject."""
         every = self.versions(subject, deleted=True)
         live = [sv for sv in every if not sv.deleted]
@@ -294,32 +277,32 @@ class RegistryState:
             raise RegistryError(
                 404, 40405, f"Subject '{subject}' was not deleted first before being permanently deleted"
             )
-        records = [Record(schema_key(subject, sv.version), None) for sv in every]
+        records = [LogRecord(schema_key(subject, sv.version), None) for sv in every]
         if subject in self.configs:
-            records.append(Record(config_key(subject), None))
+            records.append(LogRecord(config_key(subject), None))
         return [sv.version for sv in every], [*records, self._id_floor()]
 
-    def set_level(self, subject: str | None, level: Any) -> tuple[str, list[Record]]:
+    def set_level(self, subject: str | None, level: Any) -> tuple[str, list[LogRecord]]:
         """Set the global level (``subject=None``) or a subject's level."""
         if not isinstance(level, str) or level.upper() not in compatibility.LEVELS:
             raise invalid_level(level)
         level = level.upper()
-        return level, [Record(config_key(subject), {"compatibilityLevel": level})]
+        return level, [LogRecord(config_key(subject), {"compatibilityLevel": level})]
 
-    def delete_level(self, subject: str | None) -> tuple[str, list[Record]]:
+    def delete_level(self, subject: str | None) -> tuple[str, list[LogRecord]]:
         """Remove a subject's level (or reset the global one); returns the level it had."""
         if subject is not None and subject not in self.subjects and subject not in self.configs:
             raise subject_not_found(subject)
         previous = self.level(subject)
-        return previous, [Record(config_key(subject), None)]
+        return previous, [LogRecord(config_key(subject), None)]
 
-    def _soft_deleted(self, sv: SchemaVersion) -> Record:
+    def _soft_deleted(self, sv: SchemaVersion) -> LogRecord:
         value = {"subject": sv.subject, "version": sv.version, "id": sv.id, "schema": sv.schema,
                  "schemaType": "AVRO", "deleted": True}
-        return Record(schema_key(sv.subject, sv.version), value)
+        return LogRecord(schema_key(sv.subject, sv.version), value)
 
-    def _id_floor(self) -> Record:
-        return Record(ID_FLOOR_KEY, {"max_id": self.max_id})
+    def _id_floor(self) -> LogRecord:
+        return LogRecord(ID_FLOOR_KEY, {"max_id": self.max_id})
 
 
 def parse_version(version: int | str) -> int:

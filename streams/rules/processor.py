@@ -35,11 +35,12 @@ import rule_engine
 from confluent_kafka import TopicPartition
 from prometheus_client import Counter, Gauge
 
-from streams.avro import AvroCodec, WireFormatError
+from streams.avro import AvroCodec
+from streams.wire import WireFormatError
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
 from streams.errors import TangramError, TopologyError
-from streams.feast.layout import FeastLayout
+from streams.features.layout import FeastLayout
 from streams.features import online_layout, read_online_features
 from streams.rules.degradation import GoldenSignals, LevelController
 from streams.rules.engine import CompiledRule, RuleBook, action_id

@@ -8,7 +8,7 @@ into Feast's online store by ``python -m streams.feast sync``; ``python -m strea
 reads them back through ``FeatureStore.get_online_features`` and every value equals the newest
 row produced for its device. A second ``sync`` of the same group finds nothing left: the offsets
 were committed after the push. The bytes Feast's own writer put in Redis are the bytes
-``streams.feast.layout`` encodes for the same rows, and the application's lookup reads them.
+``streams.features.layout`` encodes for the same rows, and the application's lookup reads them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from confluent_kafka import Producer
 
 from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
-from streams.feast.layout import FeastLayout
+from streams.features.layout import FeastLayout
 from streams.features.online import read_online_features
 from reference import PM
 from streams.features.spec import load_feature_set

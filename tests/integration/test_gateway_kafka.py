@@ -14,7 +14,8 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from streams.avro import _plain, codec
+from streams.avro import codec
+from streams.wire import plain
 from streams.ingest import REJECTED
 from streams.run import make_runner
 from reference import load_schema
@@ -56,7 +57,7 @@ def test_avro_poison_pills_land_in_the_dlq_once_and_valid_records_flow_in_order(
     def framed(schema_id: int, schema: dict, record: dict) -> bytes:
         buf = io.BytesIO()
         buf.write(struct.pack(">bI", 0, schema_id))
-        fastavro.schemaless_writer(buf, fastavro.parse_schema(_plain(schema)), record)
+        fastavro.schemaless_writer(buf, fastavro.parse_schema(plain(schema)), record)
         return buf.getvalue()
 
     good = contract.encode(reading("dev-p", 0))

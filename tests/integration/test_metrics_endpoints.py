@@ -10,13 +10,12 @@ import sys
 import time
 
 import pytest
-from confluent_kafka import Producer
 
 from reference import REPO as PROJECT_ROOT
+from streams.simulation import build_simulator, flush, producer, run_ticks
 from streams.launcher import LauncherSettings, Processors, read_endpoints
 from streams.monitor.scrape import Scrape, scrape
 from streams.plan import apply
-from pm_app.simulator import Fleet
 from streams.topology import load_topology
 
 from isolation import isolated_topology
@@ -44,12 +43,11 @@ def running(stack, tmp_path_factory):
         procs.start()
         procs.wait_joined(timeout_s=120)
         before = _scrape_all(procs)
-        producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all"})
-        raw = topology.processors["ingest"].inputs[0]
-        fleet = Fleet.demo(n_devices=DEVICES, seed=3)
-        sent = sum(fleet.run(lambda k, v: producer.produce(raw, v, k), SECONDS, int(time.time() * 1000) - 120_000,
-                             realtime=False))
-        assert producer.flush(30) == 0
+        out = producer(stack)
+        simulator = build_simulator(topology, entities=DEVICES, seed=3)
+        sent = sum(len(events) for events in run_ticks(simulator, out, SECONDS, int(time.time() * 1000) - 120_000,
+                                                        realtime=False))
+        flush(out, 30)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             drift = scrape(next(e["metrics_url"] for e in procs.endpoints() if e["name"] == "drift"))

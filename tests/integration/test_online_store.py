@@ -18,7 +18,7 @@ import uuid
 import pytest
 import redis
 
-from streams.feast.layout import FeastLayout
+from streams.features.layout import FeastLayout
 from pm_app import FEATURE_SET
 from streams.features.online import OnlineLookup, OnlineWriter, read_online_features
 

@@ -17,7 +17,7 @@ from isolation import isolated_topology
 
 from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
-from streams.feast.layout import FeastLayout
+from streams.features.layout import FeastLayout
 from pm_app import FEATURE_SET
 from reference import PM
 from streams.features import faust_job

@@ -11,7 +11,7 @@ from streams.context import BuildContext
 from streams.errors import TopologyError
 from streams.lifecycle.canary import CONFIDENCE_P50, decide, last_share_change_ms
 from streams.lifecycle.canary_job import CanaryJob
-from streams.lifecycle.state import ModelEvent, ModelPolicy, RegistryState, Stage, version_from_fields
+from streams.lifecycle.state import ModelEvent, ModelPolicy, ModelRegistryState, Stage, version_from_fields
 from streams.settings import StackSettings
 from streams.statelog import LogRecord
 from reference import SCHEMAS
@@ -23,15 +23,15 @@ HEALTHY = {"1": [0.95] * 100, "2": [0.94] * 100}  # 1 % lower
 WORSE = {"1": [0.95] * 100, "2": [0.80] * 100}  # 16 % lower
 
 
-def commit(state: RegistryState, events: list[ModelEvent]) -> ModelEvent:
+def commit(state: ModelRegistryState, events: list[ModelEvent]) -> ModelEvent:
     for e in events:
         rec = e.record()
         state.apply_record(LogRecord.from_bytes(rec.key_bytes(), rec.value_bytes()))
     return events[-1]
 
 
-def with_challenger(admission: dict[str, Any] | None = None, **canary: Any) -> RegistryState:
-    state = RegistryState()
+def with_challenger(admission: dict[str, Any] | None = None, **canary: Any) -> ModelRegistryState:
+    state = ModelRegistryState()
     for v in ("1", "2"):
         commit(state, state.register(version_from_fields(
             {"name": "anomaly", "version": v, "sha256": f"{int(v):064x}", "artifact": f"anomaly/{v}/model.onnx",
@@ -45,7 +45,7 @@ def with_challenger(admission: dict[str, Any] | None = None, **canary: Any) -> R
     return state
 
 
-def at_share(state: RegistryState, share: float) -> int:
+def at_share(state: ModelRegistryState, share: float) -> int:
     """Set the canary share as the job would; returns the event's time (ms)."""
     return commit(state, state.set_canary("anomaly", share, "pm.canary", "test")).at_ms
 

@@ -9,7 +9,7 @@ import fastavro
 import numpy as np
 import pytest
 
-from streams.avro import _plain
+from streams.wire import plain
 from streams.columnar import BatchCodec, MapColumn
 from reference import load_schema
 
@@ -35,7 +35,7 @@ SCHEMA = {
 def fastavro_bytes(schema: dict, record: dict) -> bytes:
     buf = io.BytesIO()
     buf.write(HEADER)
-    fastavro.schemaless_writer(buf, fastavro.parse_schema(_plain(schema)), record)
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(plain(schema)), record)
     return buf.getvalue()
 
 

@@ -1,4 +1,4 @@
-"""Feast's Redis layout as ``streams.feast.layout`` writes it: the bytes Feast 0.67 writes and reads.
+"""Feast's Redis layout as ``streams.features.layout`` writes it: the bytes Feast 0.67 writes and reads.
 
 The expected bytes below were produced by Feast's own functions (``_redis_key``, ``_mmh3``,
 ``Value.SerializeToString``) in ``.venv-feast``; ``tests/integration/test_feast_online.py``
@@ -14,7 +14,7 @@ import struct
 
 import pytest
 
-from streams.feast.layout import (
+from streams.features.layout import (
     FeastLayout,
     Value,
     decode_timestamp_ns,
@@ -24,7 +24,8 @@ from streams.feast.layout import (
     entity_key,
     field_hash,
 )
-from streams.feast.repo import INT_COLUMNS, Names, feature_columns, store_config
+from streams.feast.repo import store_config
+from streams.features.layout import INT_COLUMNS, Names, feature_columns
 from pm_app import FEATURE_SET
 
 

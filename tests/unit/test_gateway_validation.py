@@ -8,7 +8,7 @@ import fastavro
 import pytest
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from streams.avro import WireFormatError, _plain
+from streams.wire import WireFormatError, plain
 from streams.ingest import REJECTED, IngestSettings, Rejected, TokenBuckets, TokenBucketSettings, Validator
 from reference import load_schema
 
@@ -121,7 +121,7 @@ class FakeRegistry:
         extra = dict(SCHEMA, fields=[*SCHEMA["fields"], {"name": "site", "type": "string", "default": ""}])
         wrong = dict(SCHEMA, fields=[f if f["name"] != "temperature" else {"name": "temperature", "type": "string"}
                                      for f in SCHEMA["fields"]])
-        self.schemas = {7: fastavro.parse_schema(_plain(extra)), 8: fastavro.parse_schema(_plain(wrong))}
+        self.schemas = {7: fastavro.parse_schema(plain(extra)), 8: fastavro.parse_schema(plain(wrong))}
 
     def parsed(self, schema_id):
         if schema_id not in self.schemas:
@@ -133,7 +133,7 @@ class FakeCodec:
     schema_id = 1
 
     def __init__(self):
-        self.schema = fastavro.parse_schema(_plain(SCHEMA))
+        self.schema = fastavro.parse_schema(plain(SCHEMA))
         self.registry = FakeRegistry()
 
 
@@ -196,5 +196,5 @@ def test_fast_type_checks_agree_with_fastavro(field, value, ok):
     except Rejected as exc:
         fast_ok = False
         assert exc.field == field
-    schema = fastavro.parse_schema(_plain(SCHEMA))
+    schema = fastavro.parse_schema(plain(SCHEMA))
     assert fast_ok == ok == fastavro.validate(record, schema, raise_errors=False)

@@ -17,7 +17,7 @@ import struct
 import fastavro
 import pytest
 
-from streams.avro import _plain
+from streams.wire import plain
 from streams.columnar import BatchCodec
 from streams.delivery import Record
 from streams.ingest import IngestSettings, IngestValidator
@@ -35,7 +35,7 @@ class Codec:
     schema_json = SCHEMA
 
     def __init__(self, batch: bool):
-        self.parsed = fastavro.parse_schema(_plain(SCHEMA))
+        self.parsed = fastavro.parse_schema(plain(SCHEMA))
         self.batch = BatchCodec(SCHEMA, HEADER) if batch else None
 
     def encode(self, record: dict) -> bytes:

@@ -15,7 +15,7 @@ from streams.lifecycle.state import (
     CanarySchedule,
     ModelEvent,
     ModelPolicy,
-    RegistryState,
+    ModelRegistryState,
     Stage,
     version_from_fields,
 )
@@ -29,7 +29,7 @@ def fields(version: str, **extra: Any) -> dict[str, Any]:
     return {**base, **extra}
 
 
-def commit(state: RegistryState, events: list[ModelEvent]) -> list[ModelEvent]:
+def commit(state: ModelRegistryState, events: list[ModelEvent]) -> list[ModelEvent]:
     """Apply events through their wire form, as a watcher does after the broker acknowledged them."""
     for e in events:
         rec = e.record()
@@ -37,15 +37,15 @@ def commit(state: RegistryState, events: list[ModelEvent]) -> list[ModelEvent]:
     return events
 
 
-def registered(*versions: str) -> RegistryState:
-    state = RegistryState()
+def registered(*versions: str) -> ModelRegistryState:
+    state = ModelRegistryState()
     for v in versions:
         commit(state, state.register(version_from_fields(fields(v)), "alice", "trained"))
     return state
 
 
-def replayed(state: RegistryState) -> RegistryState:
-    fresh = RegistryState()
+def replayed(state: ModelRegistryState) -> ModelRegistryState:
+    fresh = ModelRegistryState()
     for m in state.models.values():
         for e in m.events:
             fresh.apply(e)

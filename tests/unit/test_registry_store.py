@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from streams.registry.compatibility import check, check_level
-from streams.registry.store import Record, RegistryError, RegistryState
+from streams.registry.store import RegistryError, SchemaRegistryState
+from streams.statelog import LogRecord
 
 
 def record(fields: list[dict[str, Any]], name: str = "Reading", **extra: Any) -> str:
@@ -18,16 +19,16 @@ def record(fields: list[dict[str, Any]], name: str = "Reading", **extra: Any) ->
 V1 = record([{"name": "device", "type": "string"}, {"name": "temp", "type": "int"}])
 
 
-def commit(state: RegistryState, change: tuple[Any, list[Record]]) -> Any:
+def commit(state: SchemaRegistryState, change: tuple[Any, list[LogRecord]]) -> Any:
     """Apply a change's records as the service does after the log acknowledged them."""
     result, records = change
     for rec in records:
-        state.apply(Record.from_bytes(rec.key_bytes(), rec.value_bytes()))  # through the wire form
+        state.apply(LogRecord.from_bytes(rec.key_bytes(), rec.value_bytes()))  # through the wire form
     return result
 
 
-def replayed(state: RegistryState, log: list[Record]) -> RegistryState:
-    fresh = RegistryState()
+def replayed(state: SchemaRegistryState, log: list[LogRecord]) -> SchemaRegistryState:
+    fresh = SchemaRegistryState()
     for rec in log:
         fresh.apply(rec)
     return fresh
@@ -146,9 +147,9 @@ def test_levels() -> None:
 
 
 def test_register_versions_ids_and_replay() -> None:
-    state, log = RegistryState(), []
+    state, log = SchemaRegistryState(), []
 
-    def do(change: tuple[Any, list[Record]]) -> Any:
+    def do(change: tuple[Any, list[LogRecord]]) -> Any:
         log.extend(change[1])
         return commit(state, change)
 
@@ -168,7 +169,7 @@ def test_register_versions_ids_and_replay() -> None:
 
 
 def test_incompatible_registration_is_409_with_messages() -> None:
-    state = RegistryState()
+    state = SchemaRegistryState()
     commit(state, state.register("s", V1))
     bad = record([{"name": "device", "type": "int"}, {"name": "temp", "type": "int"}])
     with pytest.raises(RegistryError) as info:
@@ -181,7 +182,7 @@ def test_incompatible_registration_is_409_with_messages() -> None:
 
 
 def test_errors_have_confluent_codes() -> None:
-    state = RegistryState()
+    state = SchemaRegistryState()
     cases = [
         (lambda: state.versions("nope"), 40401),
         (lambda: state.register("s", "{not json"), 42201),
@@ -204,9 +205,9 @@ def test_errors_have_confluent_codes() -> None:
 
 
 def test_soft_then_hard_delete_and_id_not_reused() -> None:
-    state, log = RegistryState(), []
+    state, log = SchemaRegistryState(), []
 
-    def do(change: tuple[Any, list[Record]]) -> Any:
+    def do(change: tuple[Any, list[LogRecord]]) -> Any:
         log.extend(change[1])
         return commit(state, change)
 
@@ -236,7 +237,7 @@ def test_soft_then_hard_delete_and_id_not_reused() -> None:
 
 
 def test_config_records() -> None:
-    state = RegistryState()
+    state = SchemaRegistryState()
     assert commit(state, state.set_level(None, "full_transitive")) == "FULL_TRANSITIVE"
     assert state.level("anything") == "FULL_TRANSITIVE"
     commit(state, state.register("s", V1))
@@ -251,7 +252,7 @@ def test_config_records() -> None:
 
 
 def test_primitive_schemas() -> None:
-    state = RegistryState()
+    state = SchemaRegistryState()
     sv = commit(state, state.register("key", '"string"'))
     assert sv.schema == '"string"'
     assert check('"bytes"', '"string"') == [] and check('"int"', '"long"') != []

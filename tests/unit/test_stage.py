@@ -37,6 +37,11 @@ class FakeRegistry:
     def lookup(self, subject: str, text: str) -> int:
         return self.ids[subject]
 
+    def parsed(self, schema_id: int):
+        from streams.wire import WireFormatError
+
+        raise WireFormatError(f"unknown schema id {schema_id}")
+
 
 @dataclass(frozen=True)
 class FakeContext(BuildContext):

@@ -16,6 +16,7 @@ from inference_workers.routing import ModelTarget
 from inference_workers.triton_client import ModelContract
 from inference_workers.worker import InferenceSettings, InferenceWorker
 from streams.avro import AvroCodec
+from streams.wire import WireFormatError
 from streams.delivery import Record
 from streams.errors import BackpressureError, InferenceError, InferenceUnavailableError
 from pm_app import FEATURE_NAMES
@@ -27,6 +28,9 @@ POISON = -999.0  # a feature value the fake model refuses, as Triton refuses a r
 class FakeRegistry:
     def lookup(self, subject: str, text: str) -> int:
         return {"pm.features.device_window-value": 1, "pm.predictions.anomaly-value": 2}[subject]
+
+    def parsed(self, schema_id: int):
+        raise WireFormatError(f"unknown schema id {schema_id}")
 
 
 class FakeModel:

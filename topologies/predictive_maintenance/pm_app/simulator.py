@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
-from typing import Iterator, Literal, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 from pydantic import Field
@@ -214,18 +213,6 @@ class Fleet:
         if kind == 3:
             return json.dumps({**reading, "vibration": 1e6}).encode()  # out of range
         return b"\xff\xfe" + json.dumps(reading).encode()  # not UTF-8
-
-    def run(self, send, duration_s: float, start_ms: int | None = None, *, realtime: bool = True) -> Iterator[int]:
-        """Call ``send(key, value)`` for every reading for ``duration_s`` of event time; yields sent counts per step."""
-        start_ms = start_ms if start_ms is not None else int(time.time() * 1000)
-        t0 = time.monotonic()
-        for k in range(int(duration_s * self.hz)):
-            if realtime and (delay := t0 + k / self.hz - time.monotonic()) > 0:
-                time.sleep(delay)
-            readings = self.tick(k, start_ms)
-            for key, value in readings:
-                send(key, value)
-            yield len(readings)
 
 
 #: A window-aligned base time in the simulator's future-free past (2026-11-20), for recordings.

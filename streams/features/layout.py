@@ -41,8 +41,37 @@ import mmh3
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from streams.feast.repo import ENTITY_KEY_SERIALIZATION_VERSION, EVENT_TIME_COLUMN, INT_COLUMNS, Names
 from streams.features.spec import FeatureSet
+
+#: The row's column that is its event time for Feast (``_ts:<view>`` in Redis): the window's end, epoch ms.
+EVENT_TIME_COLUMN = "window_end"
+#: How Feast serializes entity keys in this repository (``feature_store.yaml``) and in the repository ``streams.feast.repo`` writes.
+ENTITY_KEY_SERIALIZATION_VERSION = 3
+
+
+@dataclass(frozen=True)
+class Names:
+    """The Feast names of one feature set."""
+
+    entity: str
+    join_key: str
+    feature_view: str
+    push_source: str
+    batch_source: str
+
+    @classmethod
+    def of(cls, fs: FeatureSet) -> Names:
+        return cls(entity=fs.entity.name, join_key=fs.entity.join_key, feature_view=fs.name,
+                   push_source=f"{fs.name}_push", batch_source=f"{fs.name}_batch")
+
+
+#: The Int64 fields of every feature view: the window bounds (epoch ms) and the reading count.
+INT_COLUMNS = ("window_start", "window_end", "count")
+
+
+def feature_columns(fs: FeatureSet) -> tuple[str, ...]:
+    """Every field of the feature view, in the order of the output record (key excluded)."""
+    return (*INT_COLUMNS, *fs.feature_names)
 
 #: ``feast.types.ValueType.Enum.STRING``: the type tag of a string join key and of its value.
 VALUE_TYPE_STRING = 2
