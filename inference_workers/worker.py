@@ -182,6 +182,7 @@ class InferenceWorker(Processor):
 
     name = "inference"
     pipelined = True  # a batch's Triton calls overlap the delivery of the batch before
+    needs_models = True  # following the registry, it checks each artifact's digest before a switch
 
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
                  triton_url: str, settings: InferenceSettings, contract: ModelContract, features: Sequence[str],

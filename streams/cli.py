@@ -119,21 +119,29 @@ def init(
 
 
 @app.command()
-def plan(topology: Path = AppArg) -> None:
+def plan(
+    topology: Path = AppArg,
+    models: bool = typer.Option(True, "--models/--no-models", help="Include the app's models (see `apply`)."),
+) -> None:
     """Show what `apply` would change on the broker, the schema registry and the model server."""
     from streams.plan import plan as make_plan
     from streams.topology import load_topology
 
-    _show_changes(make_plan(load_topology(topology), _settings()), f"plan for {topology}")
+    _show_changes(make_plan(load_topology(topology), _settings(), models=models), f"plan for {topology}")
 
 
 @app.command()
-def apply(topology: Path = AppArg) -> None:
+def apply(
+    topology: Path = AppArg,
+    models: bool = typer.Option(True, "--models/--no-models",
+                                help="Install the app's models into the stack's Triton repository (the local stack); "
+                                     "--no-models where a deploy step fills the model server's repository."),
+) -> None:
     """Create topics, register schemas and install the app's models so the stack matches it (idempotent)."""
     from streams.plan import apply as do_apply
     from streams.topology import load_topology
 
-    _show_changes(do_apply(load_topology(topology), _settings()), f"applied {topology}")
+    _show_changes(do_apply(load_topology(topology), _settings(), models=models), f"applied {topology}")
 
 
 @app.command()

@@ -38,8 +38,9 @@ def _admin(stack: StackSettings) -> AdminClient:
     return AdminClient({"bootstrap.servers": stack.bootstrap_servers})
 
 
-def plan(topology: Topology, stack: StackSettings) -> list[Change]:
-    """What `apply` would change, computed against the running broker and registry.
+def plan(topology: Topology, stack: StackSettings, *, models: bool = True) -> list[Change]:
+    """What `apply` would change, computed against the running broker and registry (and the stack's model
+    repository, unless ``models`` is false: a deploy step of its own fills the model server's repository).
 
     Refuses first, with every breach listed, a topology whose constraints the runtime cannot honour.
     """
@@ -90,13 +91,14 @@ def plan(topology: Topology, stack: StackSettings) -> list[Change]:
             changes.append(Change("register-schema", subject, str(topology.schema_path(subject))))
         except Exception as exc:  # connection refused and friends
             raise TopologyError(f"cannot reach the schema registry at {stack.registry_url}: {exc}") from exc
-    changes += [Change("install-model", model, detail) for model, detail in pending_installs(topology, stack).items()]
+    if models:
+        changes += [Change("install-model", model, detail) for model, detail in pending_installs(topology, stack).items()]
     return changes
 
 
-def apply(topology: Topology, stack: StackSettings) -> list[Change]:
+def apply(topology: Topology, stack: StackSettings, *, models: bool = True) -> list[Change]:
     """Make the changes `plan` lists; returns them."""
-    changes = plan(topology, stack)
+    changes = plan(topology, stack, models=models)
     admin = _admin(stack)
     creates = [
         NewTopic(c.target, num_partitions=topology.partitions(c.target), replication_factor=topology.replication(c.target),

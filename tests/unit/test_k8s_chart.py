@@ -204,7 +204,20 @@ def test_secrets_are_referenced_never_written(manifests, chart):
 def test_apply_runs_before_an_upgrade_so_an_incompatible_schema_stops_it(manifests):
     job = by_kind(manifests, "Job")[f"{RELEASE}-apply"]
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,pre-upgrade"
-    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["apply", IMAGE_APP]
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["apply", IMAGE_APP, "--no-models"]
+
+
+def test_processors_that_read_model_artifacts_build_them_as_triton_does(manifests, topology):
+    deployments = by_kind(manifests, "Deployment")
+    for name, spec in topology.processors.items():
+        pod = deployments[f"{RELEASE}-{name.replace('_', '-')}"]["spec"]["template"]["spec"]
+        if topology.load_object(spec.kind).needs_models:
+            [init] = pod["initContainers"]
+            assert init["args"] == ["models", "build", IMAGE_APP, "--repository", "/models"]
+            env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+            assert env["TANGRAM_MODEL_REPOSITORY"] == "/models"
+        else:
+            assert "initContainers" not in pod
 
 
 def test_dashboards_are_the_generated_ones(manifests):

@@ -205,6 +205,9 @@ class Processor(ABC):
     #: Runs as exactly one replica whatever its partitions (its decisions are global, e.g. a model's canary):
     #: deploy targets never scale it out.
     singleton: bool = False
+    #: Reads model artifacts (model cards, baselines, digests) from the stack's model repository
+    #: (``TANGRAM_MODEL_REPOSITORY``): deploy targets give it the model server's repository.
+    needs_models: bool = False
 
     @classmethod
     @abstractmethod

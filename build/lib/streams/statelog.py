@@ -34,6 +34,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.errors import StateLogError
 
+#: Errors of a partition whose leader is being elected: asked again until the deadline.
+_LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                            KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT})
+
 log = logging.getLogger("tangram.statelog")
 
 
@@ -107,11 +111,7 @@ class StateTopic:
         """Every readable record from offset ``start`` (default: the beginning) up to the topic's current end."""
         consumer = Consumer(_consumer_conf(self.bootstrap_servers, "replay"))
         try:
-            try:
-                low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=self.timeout_s)
-            except KafkaException as exc:
-                raise StateLogError(f"cannot read {self.topic} at {self.bootstrap_servers}: {exc}; "
-                                    "is Kafka up and the topic created?") from exc
+            low, high = self._watermarks(consumer)
             position = max(low, start)
             if high <= position:
                 return
@@ -130,6 +130,20 @@ class StateTopic:
                     yield record
         finally:
             consumer.close()
+
+    def _watermarks(self, consumer: Consumer) -> tuple[int, int]:
+        """The topic's low and high watermarks, asking again while its leader is being elected (a topic just
+        created, a broker just restarted) until ``timeout_s``."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=self.timeout_s)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if not (error.retriable() or error.code() in _LEADER_MOVING) or time.monotonic() >= deadline:
+                    raise StateLogError(f"cannot read {self.topic} at {self.bootstrap_servers}: {exc}; "
+                                        "is Kafka up and the topic created?") from exc
+                time.sleep(0.2)
 
     def append(self, records: Iterable[LogRecord]) -> list[int]:
         """Produce ``records`` in order (idempotent, ``acks=all``); wait for every ack; return their offsets."""

@@ -59,6 +59,7 @@ def _processor_values(topology: Topology, name: str, settings: ChartSettings) ->
         "group": topology.group(name),
         "inputs": list(spec.inputs),
         "autoscaling": _scales_with_partitions(topology, spec),
+        "needsModels": bool(topology.load_object(spec.kind).needs_models),
         "resources": {
             # one Python process is busy at most one core; the topology plans it at target_utilization of it
             "requests": {"cpu": f"{round(spec.compute.target_utilization * 1000)}m",

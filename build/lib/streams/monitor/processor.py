@@ -96,6 +96,7 @@ class DriftMonitor(Processor):
     """Feature windows and predictions → ``DriftResult`` records, gauges and sustained-drift alerts."""
 
     name = "drift"
+    needs_models = True  # the model card and its baseline sample
 
     def __init__(self, *, codecs: dict[str, AvroCodec], monitors: dict[str, str], drift_topic: str, alert_topic: str,
                  dlq_topic: str, card_path: Path, settings: DriftSettings, bootstrap_servers: str | None = None):
