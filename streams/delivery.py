@@ -27,6 +27,13 @@ A record that cannot be processed is never dropped and never blocks its
 partition: the processor turns it into a dead letter (``dead_letter``) carrying
 the original bytes and the reason in its headers, delivered like any output.
 
+Natural batching
+    a batch is what is fetched already, plus what arrives within ``linger_ms`` of its first
+    record (up to ``batch_size``): at low rates a record waits a few milliseconds, not
+    ``max_wait_ms``, at each stage; under load batches still fill to ``batch_size`` from what
+    is fetched. ``max_wait_ms`` bounds only the wait for a first record (then ``idle`` runs).
+    While batches are in flight nothing is waited for.
+
 Backpressure
     a processor that cannot make progress now (a service it needs is slow or
     down) raises :class:`~streams.errors.BackpressureError` from ``process``.
@@ -269,6 +276,8 @@ class RunnerConfig:
     inputs: tuple[str, ...]
     batch_size: int = 500
     max_wait_ms: int = 100
+    #: Once a batch's first record is there, how long to wait for more (capped at ``max_wait_ms``).
+    linger_ms: int = 5
     exactly_once: bool = False
     delivery_timeout_s: float = 30.0
     client_id: str = ""
@@ -287,13 +296,17 @@ class RunnerConfig:
 class Runner:
     """Runs one processor: the consume → process → deliver → flush → commit loop."""
 
-    def __init__(self, processor: Processor, config: RunnerConfig):
+    def __init__(self, processor: Processor, config: RunnerConfig, *, consumer: Consumer | None = None,
+                 producer: Producer | None = None):
+        """``consumer`` and ``producer`` replace the clients built from ``config`` (fakes in unit tests:
+        :mod:`streams.testing`)."""
         self.processor = processor
         self.config = config
         self.log = logging.getLogger(f"tangram.processor.{processor.name}")
         self._stop = threading.Event()
         client_id = config.client_id or f"{config.group_id}-{uuid.uuid4().hex[:8]}"
-        self.consumer = Consumer(
+        self._linger_s = min(config.linger_ms, config.max_wait_ms) / 1000
+        self.consumer = consumer or Consumer(
             {
                 "bootstrap.servers": config.bootstrap_servers,
                 "group.id": config.group_id,
@@ -328,12 +341,13 @@ class Runner:
             # librdkafka: a message may not outlive the transaction it belongs to.
             producer_conf["delivery.timeout.ms"] = min(producer_conf["delivery.timeout.ms"],
                                                        producer_conf["transaction.timeout.ms"])
-        self.producer = Producer(producer_conf)
+        self.producer = producer or Producer(producer_conf)
         self._failures: list[str] = []
         self._submitted: collections.deque[_Submitted] = collections.deque()  # submitted, outputs not produced yet
         self._pending: _Sent | None = None  # a pipelined processor's batch: produced, acks and commit outstanding
         self._rewound: dict[tuple[str, int], int] = {}  # partitions sought back in a rebalance callback
         self._in_callback = False
+        self._revoked: set[tuple[str, int]] = set()  # partitions revoked during the current fetch
         self._acked: dict[str, int] = {}
         self._backoff_s = config.backoff_initial_s
         #: Partition assignments received (one per rebalance this member took part in).
@@ -367,8 +381,7 @@ class Runner:
         try:
             while not self._stop.is_set() and (max_batches is None or batches < max_batches):
                 busy = self._pending is not None or bool(self._submitted)
-                # While batches are in flight, take only what is fetched already: never wait with work at hand.
-                messages = self.consumer.consume(cfg.batch_size, 0 if busy else cfg.max_wait_ms / 1000)
+                messages = self._fetch(busy)
                 records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
                                   dict(h) if (h := m.headers()) else {}, m.timestamp()[1])
                            for m in messages if m.error() is None or self._usable(m)]  # Record.from_message, inlined
@@ -408,6 +421,30 @@ class Runner:
                 batches += 1
         finally:
             self.close()
+
+    def _fetch(self, busy: bool) -> list[Message]:
+        """The next batch's messages (natural batching, see the module's doc).
+
+        ``busy`` (batches in flight): only what is fetched already, never a wait with work at hand.
+        Otherwise up to ``max_wait_ms`` for a first message, then up to ``linger_ms`` for more. One
+        ``consume(batch_size, max_wait_ms)`` would hold a lone record for all of ``max_wait_ms``.
+        """
+        cfg = self.config
+        consume = self.consumer.consume
+        self._revoked.clear()
+        messages = consume(cfg.batch_size, 0)
+        if busy:
+            return messages
+        if not messages:
+            messages = consume(1, cfg.max_wait_ms / 1000)
+        wanted = cfg.batch_size - len(messages)
+        if not messages or wanted <= 0 or not self._linger_s:
+            return messages
+        more = consume(wanted, self._linger_s)
+        if self._revoked:  # a rebalance served while lingering: what came before from those partitions is stale
+            messages = [m for m in messages if (m.topic(), m.partition()) not in self._revoked]
+        messages.extend(more)
+        return messages
 
     def close(self) -> None:
         try:
@@ -658,6 +695,7 @@ class Runner:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.log.info("partitions revoked: %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))
+        self._revoked.update((p.topic, p.partition) for p in partitions)
         self._in_callback = True  # seeks made now are repeated after the consume that runs this callback
         try:
             if self._pending is not None:  # its transaction and offsets belong to the generation ending now
