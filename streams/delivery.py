@@ -12,16 +12,20 @@ At-least-once (default)
 
 Exactly-once (``exactly_once: true`` in the topology)
     the outputs and the consumed offsets go in one Kafka transaction
-    (``send_offsets_to_transaction``); readers use ``read_committed``.
+    (``send_offsets_to_transaction``); readers use ``read_committed``. A transaction spans
+    the batches of up to ``transaction_ms`` (as Kafka Streams' exactly-once commit interval):
+    its outputs are acknowledged, its side effects flushed and its offsets sent once, at its
+    end. It ends early whenever the input has nothing more at hand, before a back-off, a
+    revocation and shutdown, so a quiet stream's outputs are visible at once.
 
 Pipelining (processors that wait on a service, such as the inference worker)
     a processor with ``pipelined = True`` starts a batch in ``submit`` (its
     Triton call goes out) and the loop waits for the previous batch's acks and
     commits it meanwhile, then finishes the new batch and produces its outputs.
-    Same guarantee: one batch at most is produced and not yet acknowledged,
-    offsets are committed in order after their own outputs' acks, and in
-    exactly-once mode the batch's transaction is committed before the next one
-    begins (and before partitions are revoked).
+    Same guarantee: one batch at most is produced and not yet acknowledged
+    (at-least-once), offsets are committed in order after their own outputs'
+    acks, and in exactly-once mode the open transaction is committed before
+    partitions are revoked.
 
 A record that cannot be processed is never dropped and never blocks its
 partition: the processor turns it into a dead letter (``dead_letter``) carrying
@@ -291,6 +295,9 @@ class RunnerConfig:
     group_instance_id: str = field(default_factory=lambda: os.environ.get("TANGRAM_GROUP_INSTANCE_ID", ""))
     #: Exactly-once: the broker aborts a transaction left open this long (Kafka Streams' default).
     transaction_timeout_s: float = 10.0
+    #: Exactly-once: a transaction spans the batches of up to this long (Kafka Streams' commit interval
+    #: under exactly-once); each transaction costs the coordinator's round trips once, not per batch.
+    transaction_ms: int = 100
 
 
 class Runner:
@@ -328,7 +335,7 @@ class Runner:
             "client.id": client_id,
             "enable.idempotence": True,  # forces acks=all and ordered retries
             "acks": "all",
-            "linger.ms": 5,
+            "linger.ms": 0.5,
             "compression.type": "lz4",
             "delivery.timeout.ms": int(config.delivery_timeout_s * 1000),
             # Delivery reports for failures only: no Python callback per acknowledged record.
@@ -345,6 +352,8 @@ class Runner:
         self._failures: list[str] = []
         self._submitted: collections.deque[_Submitted] = collections.deque()  # submitted, outputs not produced yet
         self._pending: _Sent | None = None  # a pipelined processor's batch: produced, acks and commit outstanding
+        self._transaction: list[_Sent] = []  # exactly-once: the batches of the open transaction
+        self._transaction_ends = 0.0  # monotonic time by which the open transaction is committed
         self._rewound: dict[tuple[str, int], int] = {}  # partitions sought back in a rebalance callback
         self._in_callback = False
         self._revoked: set[tuple[str, int]] = set()  # partitions revoked during the current fetch
@@ -380,7 +389,7 @@ class Runner:
         batches = 0
         try:
             while not self._stop.is_set() and (max_batches is None or batches < max_batches):
-                busy = self._pending is not None or bool(self._submitted)
+                busy = self._pending is not None or bool(self._submitted) or bool(self._transaction)
                 messages = self._fetch(busy)
                 records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
                                   dict(h) if (h := m.headers()) else {}, m.timestamp()[1])
@@ -389,6 +398,9 @@ class Runner:
                     rewound, self._rewound = self._rewound, {}
                     records = [r for r in records if (r.topic, r.partition) not in rewound]
                     self._rewind(rewound)
+                if not records and self._transaction and self._pending is None and not self._submitted:
+                    self._end_transaction()  # nothing more at hand: its outputs become visible now
+                    continue
                 if not records and not busy:
                     if outputs := self.processor.idle():
                         self._complete(self._send(outputs, [], []))
@@ -450,6 +462,7 @@ class Runner:
         try:
             if self._pending is not None:
                 self._complete_pending()
+            self._end_transaction()
         except (DeliveryError, KafkaException) as exc:
             self.log.warning("the last batch was not committed, it will be read again: %s", exc)
         try:
@@ -481,6 +494,7 @@ class Runner:
         after them are put back (their results, if any, are dropped: nothing of them was produced)."""
         if self._pending is not None:
             self._complete_pending()
+        self._end_transaction()  # not left open through the back-off
         later = [r for batch in self._submitted for r in batch.records]
         self._submitted.clear()
         self._back_off([*records, *later], reason)
@@ -567,9 +581,10 @@ class Runner:
     # -- the guarantee ---------------------------------------------------------------
     def _send(self, outputs: list[Output], offsets: list[TopicPartition], records: list[Record],
               started: float = 0.0) -> "_Sent":
-        """Produce ``outputs`` (in a new transaction in exactly-once mode); :meth:`_complete` finishes the batch."""
-        if self.config.exactly_once:
+        """Produce ``outputs`` (in the open transaction in exactly-once mode); :meth:`_complete` finishes the batch."""
+        if self.config.exactly_once and not self._transaction:
             self.producer.begin_transaction()
+            self._transaction_ends = time.monotonic() + self.config.transaction_ms / 1000
         self._failures.clear()
         produce = self.producer.produce
         for out in outputs:
@@ -584,9 +599,24 @@ class Runner:
         self._complete(sent)
 
     def _complete(self, sent: "_Sent") -> None:
-        """Wait for every ack of the batch's outputs, run side effects, then commit its offsets."""
+        """Finish a produced batch: at-least-once, now; exactly-once, with its transaction when that is due."""
+        if not self.config.exactly_once:
+            self._deliver([sent])
+            return
+        self._transaction.append(sent)
+        if time.monotonic() >= self._transaction_ends:
+            self._end_transaction()
+
+    def _end_transaction(self) -> None:
+        """Exactly-once: commit the open transaction, if any, with the offsets of all its batches."""
+        if self._transaction:
+            batches, self._transaction = self._transaction, []
+            self._deliver(batches)
+
+    def _deliver(self, batches: list["_Sent"]) -> None:
+        """Wait for every ack of the batches' outputs, run side effects, then commit their offsets
+        (in exactly-once mode: send them to the transaction and commit it)."""
         transactional = self.config.exactly_once
-        outputs, offsets = sent.outputs, sent.offsets
         remaining = self.producer.flush(self.config.delivery_timeout_s)
         if remaining or self._failures:
             if transactional:
@@ -594,6 +624,8 @@ class Runner:
             detail = "; ".join(self._failures[:3]) or f"{remaining} not acknowledged in {self.config.delivery_timeout_s}s"
             raise DeliveryError(f"{self.processor.name}: outputs not delivered, offsets not committed: {detail}")
         self.processor.flush()
+        # a later batch's position of a partition supersedes an earlier one's
+        offsets = list({(tp.topic, tp.partition): tp for sent in batches for tp in sent.offsets}.values())
         if transactional:
             try:
                 if offsets:
@@ -603,19 +635,20 @@ class Runner:
                 self.producer.commit_transaction(self.config.delivery_timeout_s)
             except KafkaException as exc:
                 if not exc.args[0].txn_requires_abort():
-                    raise  # fenced or fatal: the process stops, a restart reads the batch again
+                    raise  # fenced or fatal: the process stops, a restart reads the batches again
                 self.producer.abort_transaction()
-                if not (self.processor.pipelined and sent.records):
-                    # State built from the batch (windows) would count it twice if it were read again here:
+                records = [r for sent in batches for r in sent.records]
+                if not (self.processor.pipelined and records):
+                    # State built from the batches (windows) would count them twice if they were read again here:
                     # the processor stops, and a restart rebuilds its state from the committed offsets.
                     raise DeliveryError(f"{self.processor.name}: transaction aborted, offsets not committed: "
                                         f"{exc.args[0].str()}") from exc
-                # Typically the group moved to a new generation (a rebalance) while the batch was in flight:
-                # its outputs are discarded and its records, and those of the batches after it, read again.
+                # Typically the group moved to a new generation (a rebalance) while the batches were in flight:
+                # their outputs are discarded and their records, and those of the batches after them, read again.
                 TRANSACTIONS_ABORTED.labels(self.processor.name).inc()
                 self.log.warning("%s: transaction aborted, %d records read again: %s", self.processor.name,
-                                 len(sent.records), exc.args[0].str())
-                self._drop_in_flight(sent.records)
+                                 len(records), exc.args[0].str())
+                self._drop_in_flight(records)
                 return
         elif offsets:
             # Asynchronous: the outputs are acknowledged already, so the guarantee holds whenever the
@@ -624,15 +657,17 @@ class Runner:
             self.consumer.commit(offsets=offsets, asynchronous=True)
             for tp in offsets:
                 self._committed[(tp.topic, tp.partition)] = tp.offset
-        for topic, n in collections.Counter(out.topic for out in outputs).items():
-            RECORDS_OUT.labels(self.processor.name, topic).inc(n)
-        for out in outputs:
-            if "dlq.reason" in out.headers:
-                DEAD_LETTERS.labels(self.processor.name, str(out.headers["dlq.reason"])).inc()
+        name = self.processor.name
+        for sent in batches:
+            for topic, n in collections.Counter(out.topic for out in sent.outputs).items():
+                RECORDS_OUT.labels(name, topic).inc(n)
+            for out in sent.outputs:
+                if "dlq.reason" in out.headers:
+                    DEAD_LETTERS.labels(name, str(out.headers["dlq.reason"])).inc()
+            if sent.records:
+                BATCH_SECONDS.labels(name).observe(time.perf_counter() - sent.started)
+                self._observe_latency(sent.records)
         self._observe(offsets)
-        if sent.records:
-            BATCH_SECONDS.labels(self.processor.name).observe(time.perf_counter() - sent.started)
-            self._observe_latency(sent.records)
 
     def _observe_latency(self, records: list[Record], sample: int = 64) -> None:
         """Ingest-to-commit latency of up to ``sample`` records of the batch, evenly spaced."""
@@ -700,6 +735,7 @@ class Runner:
         try:
             if self._pending is not None:  # its transaction and offsets belong to the generation ending now
                 self._complete_pending()
+            self._end_transaction()
         except DeliveryError as exc:
             self.log.warning("the batch in flight was not committed, the new owner reads it again: %s", exc)
         try:

@@ -128,3 +128,13 @@ def test_exactly_once_commits_each_batch_in_its_transaction_after_the_acks():
     assert [len(offsets) for _, offsets in copy.batches] == [1, 1]
     assert producer.transactions == ["begin", "offsets", "commit"] * 2
     assert len(producer.acked) == 2 and copy.acked_before_commit == [True, True]
+
+
+def test_exactly_once_one_transaction_spans_the_batches_at_hand():
+    runner, copy, consumer, producer = loop(exactly_once=True, transaction_ms=60_000)
+    consumer.arrive("in", 0, [b"x"] * 1200, at=0.0)
+    consumer.arrive("in", 0, [b"y"], at=0.050)  # after a quiet fetch: the first transaction is committed by then
+    runner.run(max_batches=4)
+    assert [len(offsets) for _, offsets in copy.batches] == [500, 500, 200, 1]
+    assert producer.transactions == ["begin", "offsets", "commit"] * 2
+    assert len(producer.acked) == 1201 and copy.acked_before_commit == [True, True]
