@@ -330,6 +330,7 @@ class Runner:
             }
         )
         self._committed: dict[tuple[str, int], int] = {}  # the newest position handed to commit, per partition
+        self._commit_refused = False  # the broker refused a commit: made again when the loop is next idle
         producer_conf = {
             "bootstrap.servers": config.bootstrap_servers,
             "client.id": client_id,
@@ -402,6 +403,8 @@ class Runner:
                     self._end_transaction()  # nothing more at hand: its outputs become visible now
                     continue
                 if not records and not busy:
+                    if self._commit_refused:
+                        self._commit_again()
                     if outputs := self.processor.idle():
                         self._complete(self._send(outputs, [], []))
                     continue
@@ -483,10 +486,21 @@ class Runner:
         except KafkaException as exc:  # e.g. the partitions already moved: their new owner reads them again
             self.log.warning("final commit of %d partition(s) failed, they will be read again: %s", len(offsets), exc)
 
+    def _commit_again(self) -> None:
+        """Commit again the newest delivered positions of the partitions still owned, after the broker refused a
+        commit (typically a rebalance moved the group to a new generation meanwhile): an idle partition would
+        otherwise keep the old position until its next batch, and a restart would read that much again."""
+        self._commit_refused = False
+        if self._committed:
+            self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in self._committed.items()],
+                                 asynchronous=True)
+
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if err is not None and err.code() != KafkaError._NO_OFFSET:
+            self._commit_refused = True  # made again when the loop is next idle
             COMMIT_FAILURES.labels(self.processor.name).inc()
-            self.log.warning("offset commit failed (records will be read again): %s", err.str())
+            self.log.warning("offset commit refused, made again when idle (a restart before then reads those "
+                             "records again): %s", err.str())
 
     # -- backpressure ------------------------------------------------------------------
     def _put_back(self, records: list[Record], reason: BackpressureError) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 
 class VirtualClock:
@@ -78,6 +78,10 @@ class FakeConsumer:
         self.calls: list[tuple[int, float, int]] = []
         #: The newest offset committed per partition.
         self.committed: dict[tuple[str, int], int] = {}
+        #: Commits the broker refuses from now on (a rebalance moved the group to a new generation), and the
+        #: ``on_commit`` callback of the consumer's configuration that hears of it.
+        self.refuse_commits = 0
+        self.on_commit: Callable[[KafkaError | None, list[TopicPartition]], None] | None = None
         self.closed = False
 
     # -- what a test schedules ----------------------------------------------------------------
@@ -122,6 +126,11 @@ class FakeConsumer:
         return [TopicPartition(t, p) for t, p in self._assigned]
 
     def commit(self, offsets: list[TopicPartition], asynchronous: bool = True) -> None:
+        if self.refuse_commits:
+            self.refuse_commits -= 1
+            if self.on_commit is not None:
+                self.on_commit(KafkaError(KafkaError.ILLEGAL_GENERATION), offsets)
+            return
         for tp in offsets:
             self.committed[(tp.topic, tp.partition)] = tp.offset
 

@@ -26,6 +26,7 @@ class Copy(Processor):
         self.acked_before_commit: list[bool] = []
         self.runner: Runner | None = None
         self.stop_after_idle = 0
+        self.committed_when_idle: dict[tuple[str, int], int] = {}
 
     def process(self, batch: list[Record]) -> list[Output]:
         self.batches.append((self.clock.now, [(r.partition, r.offset) for r in batch]))
@@ -38,6 +39,7 @@ class Copy(Processor):
 
     def idle(self) -> list[Output]:
         self.idle_at.append(self.clock.now)
+        self.committed_when_idle = dict(self.consumer.committed)
         if len(self.idle_at) >= self.stop_after_idle and self.runner is not None:
             self.runner.stop()
         return []
@@ -52,6 +54,7 @@ def loop(partitions: int = 1, **config) -> tuple[Runner, Copy, FakeConsumer, Fak
     runner = Runner(copy, RunnerConfig(bootstrap_servers="fake:9092", group_id="g", inputs=("in",), **settings),
                     consumer=consumer, producer=producer)
     copy.runner = runner
+    consumer.on_commit = runner._on_commit  # the callback the consumer's configuration names
     return runner, copy, consumer, producer
 
 
@@ -138,3 +141,13 @@ def test_exactly_once_one_transaction_spans_the_batches_at_hand():
     assert [len(offsets) for _, offsets in copy.batches] == [500, 500, 200, 1]
     assert producer.transactions == ["begin", "offsets", "commit"] * 2
     assert len(producer.acked) == 1201 and copy.acked_before_commit == [True, True]
+
+
+def test_a_refused_commit_is_made_again_when_the_loop_is_idle():
+    runner, copy, consumer, _ = loop()
+    copy.stop_after_idle = 1
+    consumer.arrive("in", 0, [b"a", b"b"], at=0.0)
+    consumer.refuse_commits = 1  # the batch's commit lands in a rebalance
+    runner.run()
+    assert [offsets for _, offsets in copy.batches] == [[(0, 0), (0, 1)]]
+    assert copy.committed_when_idle == {("in", 0): 2}  # made again at the idle tick, before any shutdown commit
