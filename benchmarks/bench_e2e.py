@@ -11,11 +11,12 @@ one after the other, over the same readings:
 3. **Quix Streams** (``benchmarks/peers/quix_app.py``, its own environment ``.venv-quix``): the same
    job as a user would write it, in one process.
 
-Each is timed from its first record read to the moment everything is out and accounted for: every
-window predicted, the rules stage caught up (its commits at the end of both its inputs), and, for
-Quix, as many predictions as windows. It prints readings/s end to end and each ratio, what each stage
-emitted, and CPU seconds per 1k readings of each stage's processes (and of the broker, Triton and
-Redis) from ``/proc``, so that the next bottleneck is visible. ``--profile`` samples each Tangram
+Each is timed from its first record (Tangram: the first validated reading's timestamp; Quix: its
+first record read) to the moment everything is out and accounted for: every window predicted, the
+rules stage caught up (its commits at the end of both its inputs), and, for Quix, as many
+predictions as windows. It prints readings/s end to end and each ratio, what each stage emitted, and
+CPU seconds per 1k readings over that same interval of each stage's processes (and of the broker,
+Triton and Redis) from ``/proc``, so that the next bottleneck is visible. ``--profile`` samples each Tangram
 stage with py-spy in a further run and prints where its time goes. Needs the stack (``tangram up``;
 every address from ``TANGRAM_*``)::
 
@@ -100,18 +101,8 @@ def first_timestamp(stack: StackSettings, topic: str, partitions: int = 3) -> fl
 
 def tangram(stack: StackSettings, raw: str, history: History, replicas: int, tag: str,
             profile_dir: Path | None = None) -> Run:
-    """The reference chain over the raw readings, ``replicas`` per stage; timed first record → all accounted for.
-
-    CPU per process counts from its launch to the end, less what the same processes spend starting and
-    joining their groups with nothing to read (a first launch of the chain on an empty raw topic).
-    """
+    """The reference chain over the raw readings, ``replicas`` per stage; timed first record → all accounted for."""
     prefix = f"e2e{tag}r{replicas}{'p' if profile_dir else ''}"
-    idle_raw = f"{prefix}idle.raw.telemetry"
-    create_topics(stack.bootstrap_servers, [idle_raw])
-    idle_path = reference_copy(stack, f"{prefix}idle", idle_raw, replicas)
-    apply(load_topology(idle_path), stack)
-    _, startup = run_chain(stack, idle_path, None, f"tangram ×{replicas} (start-up only)")
-
     path = reference_copy(stack, prefix, raw, replicas)
     topology = load_topology(path)
     apply(topology, stack)
@@ -124,8 +115,8 @@ def tangram(stack: StackSettings, raw: str, history: History, replicas: int, tag
         return (counts(topics["windows"]) >= windows and counts(topics["predictions"]) >= windows
                 and counts.committed(topology.group("rules"), rules_inputs) >= sum(counts(t) for t in rules_inputs))
 
-    ended, cpu = run_chain(stack, path, accounted, f"tangram ×{replicas}", max(600.0, history.readings / 1000),
-                           profile_dir)
+    ended, cpu = run_chain(stack, path, lambda: counts(topics["ingested"]) > 0, accounted, f"tangram ×{replicas}",
+                           max(600.0, history.readings / 1000), profile_dir)
     started = first_timestamp(stack, topics["ingested"])
     emitted = {role: counts(topic) for role, topic in topics.items() if role != "raw"}
     counts.close()
@@ -133,26 +124,25 @@ def tangram(stack: StackSettings, raw: str, history: History, replicas: int, tag
         raise SystemExit(f"tangram ×{replicas}: {emitted['ingested']} ingested + {emitted['ingest_dlq']} dead letters "
                          f"!= {history.readings} readings")
     return Run(f"Tangram, {replicas} replica{'s' if replicas > 1 else ''} per stage", f"tangram ×{replicas}",
-               history.readings, ended - started, emitted, {k: v - startup.get(k, 0.0) for k, v in cpu.items()})
+               history.readings, ended - started, emitted, cpu)
 
 
-def run_chain(stack: StackSettings, path: Path, done, what: str, timeout_s: float = 180.0,
+def run_chain(stack: StackSettings, path: Path, begun, done, what: str, timeout_s: float,
               profile_dir: Path | None = None) -> tuple[float, dict[str, float]]:
-    """Launch the chain of the topology at ``path``; wait until ``done()`` holds (None: until every stage
-    joined its group). Returns that wall time and the CPU seconds since launch of each stage's processes
-    (replicas summed) and of the stack's servers (``[kafka]``, ``[triton]``, ``[redis]``)."""
+    """Launch the chain of the topology at ``path`` and wait until ``done()`` holds; returns that wall time and
+    the CPU seconds of each stage's processes (replicas summed) and of the stack's servers (``[kafka]``,
+    ``[triton]``, ``[redis]``) from when ``begun()`` first held (the first reading validated: the clock's
+    start) to the end, so that start-up and group joins before it are not counted."""
     servers = {f"[{name}]": [pid] for name, pid in stack_pids(stack).items() if name != "registry"}
     with Processors(path, stack, names=list(CHAIN), settings=LauncherSettings()) as procs:
         procs.start()
+        alive = lambda: all(p.poll() is None for p in procs.procs.values())  # noqa: E731
         meter = CpuMeter({**{name: [p.pid for (n, _), p in procs.procs.items() if n == name] for name in CHAIN},
                           **servers})
+        wait_until(begun, f"{what}: a first reading validated", 180, alive=alive, poll_s=0.02)
         meter.start()
-        procs.wait_joined(timeout_s=180)
-        if done is None:
-            return time.time(), meter.stop()
         spies = _spy(procs, profile_dir) if profile_dir else []
-        ended = wait_until(done, what, timeout_s, alive=lambda: all(p.poll() is None for p in procs.procs.values()),
-                           poll_s=0.1)
+        ended = wait_until(done, what, timeout_s, alive=alive, poll_s=0.1)
         cpu = meter.stop()
         for spy in spies:
             spy.send_signal(signal.SIGINT)
@@ -239,6 +229,7 @@ def main() -> None:
     parser.add_argument("--no-quix", action="store_true", help="skip the Quix Streams peer")
     parser.add_argument("--profile", action="store_true", help="a further 1-replica run under py-spy, summarised")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the launched processors on the way out
     stack = StackSettings()
     tag = uuid.uuid4().hex[:6]
     raw = f"e2e{tag}.raw.telemetry"
