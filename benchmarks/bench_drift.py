@@ -20,6 +20,8 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from report import Figure, emit
+
 from streams.features import FEATURE_NAMES
 from streams.monitor.baseline import DatasetParams, reference_matrix
 from streams.monitor.measure import (
@@ -90,6 +92,13 @@ def main() -> None:
     per = (time.perf_counter() - t0) / runs
     console.print(f"one evaluation of {len(refs)} features against {len(x):,} reference windows: {per * 1000:.1f} ms "
                   f"({args.step / per:,.0f} feature windows/s of evaluation capacity at step {args.step})")
+    emit(Figure("drift: false alarms on stationary streams (fresh fleets drawn like the training fleet)",
+                f"{alerts} sustained alerts in {evaluations} evaluations ({flagged} with a feature flagged)",
+                f"declared ≤ {DECLARED_ALERT_RATE:.0%} per evaluation", f"{alerts / evaluations:.2%}",
+                n=evaluations, batch=f"window {args.window}, step {args.step}", benchmark="bench_drift"))
+    emit(Figure(f"drift: one evaluation of {len(refs)} features against {len(x):,} reference windows",
+                f"{per * 1000:.1f} ms ({args.step / per:,.0f} feature windows/s at step {args.step})",
+                n=runs, batch=f"window {args.window}", benchmark="bench_drift"))
 
 
 if __name__ == "__main__":
