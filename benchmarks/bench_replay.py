@@ -18,13 +18,13 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 from rich.console import Console
 
-from streams import PROJECT_ROOT
-from streams.namespace import namespaced
-from streams.plan import apply
-from streams.replay import backtest, delete_run, replay, simulate_history
-from streams.settings import StackSettings
-from streams.simulator import Fleet
-from streams.topology import load_topology
+from reference import TOPOLOGY, Fleet  # noqa: E402
+from report import Figure, emit  # noqa: E402
+from streams.namespace import namespaced  # noqa: E402
+from streams.plan import apply  # noqa: E402
+from streams.replay import backtest, delete_run, replay, simulate_history  # noqa: E402
+from streams.settings import StackSettings  # noqa: E402
+from streams.topology import load_topology  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
     stack = StackSettings()
     console = Console()
     tag = uuid.uuid4().hex[:6]
-    live = namespaced(PROJECT_ROOT / "topologies" / "predictive_maintenance.yaml", f"bench{tag}",
+    live = namespaced(TOPOLOGY, f"bench{tag}",
                       stack.home / "bench" / f"bench{tag}.yaml")
     topology = load_topology(live)
     apply(topology, stack)
@@ -50,8 +50,17 @@ def main() -> None:
     try:
         [result] = backtest(stack, run.run_id, ["1"], console=console)
         share = result.seconds / (args.minutes * 60)
-        console.print(f"backtest: {result.events:,} events in {result.seconds:.1f}s = {result.rate:,.0f} events/s; "
-                      f"{args.minutes:g} min of traffic scored in {share:.1%} of that time")
+        console.print(f"backtest: {result.events:,} events in {result.seconds:.1f}s = {result.rate:,.0f} events/s "
+                      f"(its copy of the range, processors' start, ingest → rules, until quiet); "
+                      f"{args.minutes:g} min of traffic scored in {share:.1%} of that time; "
+                      f"{result.predictions:,} predictions, actions {result.actions}")
+        emit(Figure(f"replay copy ({args.minutes:g} min of {args.devices} machines at 10 Hz)",
+                    f"{run.rate:,.0f} records/s ({run.records:,} records in {run.seconds:.1f} s)", n=run.records,
+                    batch="-", benchmark="bench_replay"))
+        emit(Figure("backtest of that range, model v1, every processor (its copy included)",
+                    f"{result.rate:,.0f} events/s: {args.minutes:g} min scored in {result.seconds:.1f} s, "
+                    f"{share:.1%} of its duration ({result.predictions:,} predictions)", n=result.events,
+                    batch="per topology", benchmark="bench_replay"))
     finally:
         delete_run(stack, run.run_id)
         admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})

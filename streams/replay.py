@@ -297,19 +297,20 @@ def run_version(stack: StackSettings, run: Run, version: str, console: Console) 
         ends = high_watermarks(consumer, source, list(run.copied))
     finally:
         consumer.close()
+    started = time.perf_counter()  # the backtest's time includes its copy of the range
     for replayed in run.copied:
         ranges = {tp.partition: (0, end) for tp, end in ends.items() if tp.topic == replayed}
         copy_range(stack, replayed, prefix + replayed[len(run.prefix):], ranges)
     raw = topology.processors["ingest"].inputs[0]
-    started = time.perf_counter()
+    quiet_s = 2.0
     with Processors(path, stack) as processors:
         processors.start()
         processors.wait_joined()
         _progress_until_consumed(stack, topology, raw, run.records, console)
         probe = _consumer(stack)
-        wait_quiet(probe, topology, quiet_s=2.0, timeout_s=300)
+        wait_quiet(probe, topology, quiet_s=quiet_s, timeout_s=300)
         probe.close()
-    seconds = time.perf_counter() - started
+    seconds = time.perf_counter() - started - quiet_s  # the quiet spell only confirms the end
     action_topics = [t for t in topology.topics if ".actions." in t]
     prediction_topic = topology.processors["inference"].outputs[0]
     messages = _read_all(stack, topology, action_topics + [prediction_topic])
