@@ -178,6 +178,7 @@ def run_share(stack: StackSettings, rate: float, seconds: float, tag: str) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-rate", type=float, help="readings/s the chain sustains; measured first when absent")
+    parser.add_argument("--max-rate-from", default="given", help="where --max-rate comes from, for the report")
     parser.add_argument("--catch-up-readings", type=int, default=300_000, help="N of that measurement")
     parser.add_argument("--shares", default="0.1,0.5", help="shares of the maximum rate")
     parser.add_argument("--seconds", type=float, default=30.0, help="sending time per share")
@@ -185,7 +186,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the launched processors on the way out
     stack = StackSettings()
     tag = uuid.uuid4().hex[:6]
-    max_rate, how = args.max_rate, "given"
+    max_rate, how = args.max_rate, args.max_rate_from
     if max_rate is None:
         import bench_e2e
         raw = f"lat{tag}.raw.telemetry"

@@ -56,7 +56,8 @@ def main() -> int:
     steps.append(("bench_latency.py", ["--seconds", "10" if args.quick else "30"]))
     for script, arguments in steps:
         if script == "bench_latency.py":
-            arguments = [*arguments, "--max-rate", f"{e2e_rate(args.results):.0f}"]
+            arguments = [*arguments, "--max-rate", f"{e2e_rate(args.results):.0f}",
+                         "--max-rate-from", "bench_e2e's one-replica catch-up rate, this run"]
         print(f"\n=== {script} {' '.join(arguments)}", flush=True)
         started = time.monotonic()
         done = subprocess.run([sys.executable, str(HERE / script), *arguments], env=env, cwd=ROOT)
