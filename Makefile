@@ -1,6 +1,7 @@
 # Tangram: two commands for a fresh machine.
 #   make demo   set up everything, start the local stack, run the reference application
 #   make test   set up everything, run every test (unit + integration against the real stack)
+#   make bench  every benchmark in one run on the local stack; writes README.md's performance table
 # The stack stays up after `make demo` until `make down`.
 
 SHELL        := /bin/bash
@@ -9,6 +10,7 @@ VENV         := .venv
 TRITON_VENV  := .venv-triton
 FLINK_VENV   := .venv-flink
 FEAST_VENV   := .venv-feast
+QUIX_VENV    := .venv-quix
 BIN          := $(VENV)/bin
 UV           := $(PYTHON) -m uv
 DURATION     ?= 60
@@ -19,7 +21,7 @@ HELM_VERSION := v3.22.0
 HELM         := $(HOME)/.cache/tangram/bin/helm-$(HELM_VERSION)
 export TANGRAM_HELM := $(HELM)
 
-.PHONY: setup demo test unit integration up down status clean system-deps jars model uv helm
+.PHONY: setup demo test unit integration bench bench-quick up down status clean system-deps jars model uv helm
 
 setup: system-deps $(VENV)/.installed $(TRITON_VENV)/.installed $(FLINK_VENV)/.installed $(FEAST_VENV)/.installed jars model
 
@@ -65,6 +67,12 @@ $(FEAST_VENV)/.installed: streams/feast/requirements-feast.txt | uv
 	$(UV) pip install -q -p $(FEAST_VENV)/bin/python -r streams/feast/requirements-feast.txt
 	@touch $@
 
+# 5. The peer of the end-to-end benchmark: Quix Streams pins an older confluent-kafka, so apart too (bench only).
+$(QUIX_VENV)/.installed: benchmarks/peers/requirements-quix.txt | uv
+	$(UV) venv -q --allow-existing -p $(PYTHON) $(QUIX_VENV)
+	$(UV) pip install -q -p $(QUIX_VENV)/bin/python -r benchmarks/peers/requirements-quix.txt
+	@touch $@
+
 # Kafka 4.x jars, resolved by Maven from Maven Central (cached in ~/.m2 between runs).
 jars: $(VENV)/.installed
 	$(BIN)/tangram stack jars
@@ -99,6 +107,20 @@ demo: setup
 	$(BIN)/tangram apply $(APP)
 	$(BIN)/tangram demo $(APP) --duration $(DURATION)
 
+# Every benchmark, one after the other on the local stack, then README.md's performance table from that run.
+bench: setup $(QUIX_VENV)/.installed
+	$(BIN)/tangram up
+	$(BIN)/tangram models build $(APP)
+	$(BIN)/tangram apply $(APP)
+	$(BIN)/python benchmarks/run_all.py
+
+# The same chain with small N: every benchmark runs, no README table (a smoke test of the benchmarks).
+bench-quick: setup $(QUIX_VENV)/.installed
+	$(BIN)/tangram up
+	$(BIN)/tangram models build $(APP)
+	$(BIN)/tangram apply $(APP)
+	$(BIN)/python benchmarks/run_all.py --quick
+
 test: setup helm
 	$(BIN)/tangram schemas check topologies/predictive_maintenance
 	$(BIN)/pytest -q tests
@@ -110,4 +132,4 @@ integration: setup
 	$(BIN)/pytest -q tests/integration
 
 clean: down
-	rm -rf "$${TANGRAM_HOME:-$$HOME/.tangram}" $(VENV) $(TRITON_VENV) $(FLINK_VENV) $(FEAST_VENV)
+	rm -rf "$${TANGRAM_HOME:-$$HOME/.tangram}" $(VENV) $(TRITON_VENV) $(FLINK_VENV) $(FEAST_VENV) $(QUIX_VENV)

@@ -5,14 +5,16 @@ Needs a running stack (`tangram up`, or TANGRAM_* variables pointing at one) and
     .venv/bin/python benchmarks/bench_features.py [--devices 100] [--seconds 60]
 
 Prints:
-- events/s through the embedded engine, the Faust job and the PyFlink job (local mini-cluster),
-  each as a ratio to a raw confluent-kafka consume of the same records;
-- online-store reads (Feast's Redis layout) at 1, 10 and 100 keys per call: one client closed loop,
-  then open loop at fixed rates (latency from each call's scheduled time), the blocking reader
-  (``read_online_features`` from several processes, the baseline) beside ``OnlineLookup``;
-- memory per 10k devices with half-full windows: the Faust job's own process (RSS growth of the
-  worker from start-up with no devices to 10,000 devices' state), beside the embedded engine's state
-  (tracemalloc).
+- readings/s through the embedded engine, the Faust job and the PyFlink job (local mini-cluster),
+  each timed the same way from outside (from its first window out to its last, over the readings
+  between), with how many windows each emitted, as a ratio to a raw confluent-kafka loop doing the
+  same Kafka work (read every reading, write one record per window's worth, acks, commit);
+- online-store reads (Feast's Redis layout) at 1, 10 and 100 keys per call: closed loop with 1 and 4
+  concurrent clients (calls completed over wall time), then open loop at fixed rates (latency from
+  each call's scheduled time), the blocking reader (``read_online_features`` from several processes,
+  the baseline) beside ``OnlineLookup``;
+- memory per 10k devices with half-full windows, one measure for both: the RSS growth of the Faust
+  job's own process and of the embedded engine's own process (``tangram run … features``).
 
     .venv/bin/python benchmarks/bench_features.py --memory-only   # only the memory figures
 """
@@ -22,13 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import tracemalloc
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,49 +39,72 @@ import redis
 from confluent_kafka import Consumer, ConsumerGroupState, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from streams import PROJECT_ROOT
 from streams.avro import codec
-from streams.features import FEATURE_SET, EntityWindows, faust_job
+from streams.features import faust_job
 from streams.features.layout import FeastLayout
 from streams.features.online import OnlineLookup, OnlineWriter, read_online_features
-from streams.features.testing import count_records, create_topics, produce_readings, recorded_readings
+from streams.namespace import namespaced
+from streams.testing import count_records, create_topics, produce_records
 from streams.flink.launcher import job_argv, run_job
+from streams.launcher import Processors
 from streams.plan import apply
 from streams.run import make_runner
 from streams.settings import StackSettings
-from streams.topology import load_schema, load_topology
+from streams.topology import load_topology
 
-TOPOLOGY = PROJECT_ROOT / "topologies" / "predictive_maintenance.yaml"
+from baselines import raw_copy_seconds
+from reference_app import FEATURE_SET, FEATURE_SET_FILE, REPO, TOPOLOGY, load_schema, recorded_readings
+from report import Figure, emit
 
 
 def isolated(tmp: Path) -> tuple[Path, str]:
+    """The reference topology under a fresh namespace (its topics, groups and online keys its own)."""
     prefix = f"b{uuid.uuid4().hex[:8]}"
-    text = re.sub(r"\bpm\.(raw|ingest|features|predictions|actions|dlq|sim)\.([a-z_]+)\b(?!-value)",
-                  lambda m: f"{prefix}.{m.group(1)}.{m.group(2)}", TOPOLOGY.read_text())
-    path = tmp / f"{prefix}.yaml"
-    path.write_text(re.sub(r"^app: pm$", f"app: {prefix}", text, flags=re.MULTILINE))
-    return path, prefix
+    return namespaced(TOPOLOGY, prefix, tmp / f"{prefix}.yaml"), prefix
 
 
-def wait_count(stack: StackSettings, topic: str, n: int, timeout_s: float = 600) -> float:
+def wait_count(stack: StackSettings, topic: str, n: int, timeout_s: float = 900) -> float:
+    """Until ``topic`` holds ``n`` records; returns the wall time that was first seen (polled every 50 ms)."""
     deadline = time.monotonic() + timeout_s
     while count_records(stack.bootstrap_servers, topic) < n:
         if time.monotonic() > deadline:
             raise SystemExit(f"{topic}: fewer than {n} records after {timeout_s}s")
         time.sleep(0.05)
-    return time.monotonic()
+    return time.time()
 
 
-def raw_consume(stack: StackSettings, topic: str, n: int) -> float:
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"raw-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
-    got, t0 = 0, time.perf_counter()
-    while got < n:
-        got += sum(1 for m in consumer.consume(1000, 1.0) if not m.error())
-    elapsed = time.perf_counter() - t0
-    consumer.close()
-    return n / elapsed
+@dataclass(frozen=True)
+class EngineRun:
+    """One engine over the readings, timed from outside the same way for every engine: from its first
+    window out to its last, over the readings consumed between them (those at or past the first window's
+    close), so that start-up and group joins count for none of them."""
+
+    name: str
+    windows: int  # what it emitted
+    first: float
+    last: float
+    readings: int
+
+    @property
+    def rate(self) -> float:
+        return self.readings / max(self.last - self.first, 1e-9)
+
+
+def readings_after_first_close(readings: list[dict]) -> int:
+    """Readings at or past the event time that closes the first window (from then on windows flow out)."""
+    w = FEATURE_SET.window
+    first = min(r["ts"] for r in readings)
+    closes = first - first % w.hop_ms + w.size_ms + w.allowed_lateness_ms
+    return sum(1 for r in readings if r["ts"] >= closes)
+
+
+def timed_output(stack: StackSettings, name: str, topic: str, windows: int, readings: int, run) -> EngineRun:
+    """Run ``run()`` in a thread while timing ``topic`` from its first record to ``windows`` records."""
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    first = wait_count(stack, topic, 1)
+    last = wait_count(stack, topic, windows)
+    return EngineRun(name, count_records(stack.bootstrap_servers, topic), first, last, readings)
 
 
 def engines(stack: StackSettings, devices: int, seconds: float) -> None:
@@ -89,56 +113,48 @@ def engines(stack: StackSettings, devices: int, seconds: float) -> None:
     topology = load_topology(path)
     apply(topology, stack)
     source, output = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window"
-    extra = [output + "_faust", output + "_flink", f"{prefix}.dlq.faust", f"{prefix}.dlq.flink", f"{prefix}.ingest.small"]
+    extra = [output + "_faust", output + "_flink", f"{prefix}.dlq.faust", f"{prefix}.dlq.flink", f"{prefix}.raw_reduce"]
     create_topics(stack.bootstrap_servers, extra)
     in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
     readings = recorded_readings(devices, seconds, late_every=10**9, straggle_every=10**9)
-    produce_readings(stack.bootstrap_servers, source, in_codec, readings)
+    produce_records(stack.bootstrap_servers, source, in_codec, readings, key="device_id")
     windows = devices * (int(seconds * 1000) // FEATURE_SET.window.size_ms - 1)
-    n = len(readings)
-    print(f"input: {n:,} readings of {devices} devices over {seconds:.0f}s of event time → {windows:,} windows")
+    n, timed_n = len(readings), readings_after_first_close(readings)
+    per_window = n // windows
+    print(f"input: {n:,} readings of {devices} devices over {seconds:.0f}s of event time → {windows:,} windows; "
+          f"engines timed from their first window to their last, over the {timed_n:,} readings between")
 
-    raw = raw_consume(stack, source, n)
-    print(f"  raw consume (confluent-kafka, no decode)     {raw:>10,.0f} records/s   1.00×")
+    raw = n / raw_copy_seconds(stack, source, f"{prefix}.raw_reduce", n, every=per_window)
+    print(f"  raw loop: consume → one record per {per_window} read → acks → commit   {raw:>10,.0f} readings/s   1.00×")
 
+    runs: list[EngineRun] = []
     runner = make_runner(topology, "features", stack)
-    thread = threading.Thread(target=runner.run, daemon=True)
-    t0 = time.monotonic()
-    thread.start()
-    t1 = wait_count(stack, output, windows)
+    runs.append(timed_output(stack, "embedded engine (delivery loop, also writing Feast's store)", output, windows,
+                             timed_n, runner.run))
     runner.stop()
-    thread.join(30)
-    rate = n / (t1 - t0)
-    print(f"  embedded engine (delivery loop)            {rate:>10,.0f} events/s    {rate / raw:.3f}×")
 
     argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
                              redis_url=stack.redis_url, project=f"{prefix}-faust", source=source,
-                             output=output + "_faust", dlq=f"{prefix}.dlq.faust", group=f"{prefix}.faust")
-    t0 = time.monotonic()
-    worker = subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
+                             output=output + "_faust", dlq=f"{prefix}.dlq.faust", group=f"{prefix}.faust",
+                             feature_set=str(FEATURE_SET_FILE))
+    worker = subprocess.Popen(argv, cwd=REPO, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
     try:
-        first = wait_count(stack, output + "_faust", 1)
-        t1 = wait_count(stack, output + "_faust", windows)
+        runs.append(timed_output(stack, "Faust job", output + "_faust", windows, timed_n, lambda: None))
     finally:
         worker.terminate()
         worker.wait(30)
-    rate, steady = n / (t1 - t0), n / max(t1 - first, 1e-9)
-    print(f"  Faust job (incl. {first - t0:.1f}s start)          {rate:>10,.0f} events/s    {rate / raw:.3f}×"
-          f"   (after first output: {steady:,.0f}/s, {steady / raw:.3f}×)")
 
-    small = recorded_readings(1, 10.0, late_every=10**9, straggle_every=10**9)
-    produce_readings(stack.bootstrap_servers, f"{prefix}.ingest.small", in_codec, small)
-    timings = []
-    for src, count in ((f"{prefix}.ingest.small", len(small)), (source, n)):
-        argv = job_argv(stack, dlq=f"{prefix}.dlq.flink", group=f"{prefix}.flink-{count}", source=src,
-                        output=output + "_flink", bounded=True, online_project=f"{prefix}-flink")
-        t0 = time.monotonic()
-        run_job(argv, timeout_s=900, log_path=tmp / f"flink-{count}.log")
-        timings.append((count, time.monotonic() - t0))
-    (n0, w0), (n1, w1) = timings
-    rate, marginal = n1 / w1, (n1 - n0) / max(w1 - w0, 1e-9)
-    print(f"  PyFlink job (mini-cluster, {w0:.0f}s fixed cost) {rate:>10,.0f} events/s    {rate / raw:.3f}×"
-          f"   (marginal, start excluded: {marginal:,.0f}/s, {marginal / raw:.3f}×)")
+    argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE),
+                    dlq=f"{prefix}.dlq.flink", group=f"{prefix}.flink", source=source,
+                    output=output + "_flink", bounded=True, online_project=f"{prefix}-flink")
+    runs.append(timed_output(stack, "PyFlink job (local mini-cluster, bounded)", output + "_flink", windows, timed_n,
+                             lambda: run_job(argv, timeout_s=900, log_path=tmp / "flink.log")))
+    for run in runs:
+        print(f"  {run.name:<60} {run.rate:>10,.0f} readings/s   {run.rate / raw:.3f}×   ({run.windows:,} windows out)")
+        emit(Figure(f"feature windows: {run.name}", f"{run.rate:,.0f} readings/s ({run.windows:,} windows out of "
+                    f"{windows:,})", f"raw loop, one record out per {per_window} read, {raw:,.0f}/s",
+                    f"{run.rate / raw:.3f} (goal ≥ 0.5)", n=n, batch=topology.processors["features"].batch_size,
+                    benchmark="bench_features"))
 
 
 def _fill_online_store(stack: StackSettings, devices: int) -> FeastLayout:
@@ -166,24 +182,42 @@ def _load() -> str:
     return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
 
 
-def online_reads(stack: StackSettings, layout: FeastLayout, devices: int, seconds_each: float = 2.0) -> None:
-    """One client, closed loop: the cost of one call of ``read_online_features`` with nothing else running."""
-    client = redis.Redis.from_url(stack.redis_url, socket_timeout=5)
-    rng = np.random.default_rng(0)
-    print(f"online reads, one client, closed loop ({devices:,} devices in Feast's layout, read_online_features):")
-    for keys in (1, 10, 100):
-        lat = []
-        deadline = time.perf_counter() + seconds_each
-        while time.perf_counter() < deadline:
-            ids = [f"dev-{i:05d}" for i in rng.integers(0, devices, keys)]
-            t0 = time.perf_counter()
-            read_online_features(client, ids, layout)
-            lat.append(time.perf_counter() - t0)
-        ms = np.array(lat) * 1000
-        qps = len(lat) / ms.sum() * 1000
-        print(f"  {keys:>3} keys/call  p50 {np.percentile(ms, 50):6.3f} ms  p99 {np.percentile(ms, 99):6.3f} ms  "
-              f"{qps:>8,.0f} calls/s  {qps * keys:>9,.0f} keys/s")
+def _closed_client(job: tuple[str, FeastLayout, int, int, float, int]) -> tuple[int, float, np.ndarray]:
+    """One client in a closed loop for ``seconds``: (calls, wall seconds, latencies in ms)."""
+    url, layout, devices, keys, seconds, seed = job
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    rng = np.random.default_rng(seed)
+    read_online_features(client, ["dev-00000"], layout)  # connected before the clock starts
+    lat = []
+    started = time.perf_counter()
+    while (now := time.perf_counter()) - started < seconds:
+        ids = [f"dev-{i:05d}" for i in rng.integers(0, devices, keys)]
+        read_online_features(client, ids, layout)
+        lat.append(time.perf_counter() - now)
+    wall = time.perf_counter() - started
     client.close()
+    return len(lat), wall, np.array(lat) * 1000
+
+
+def online_reads(stack: StackSettings, layout: FeastLayout, devices: int, seconds_each: float = 2.0) -> None:
+    """Closed loop with 1 and 4 concurrent clients (processes): calls/s are the calls completed over the wall
+    time, so the clients' own work and their contention count (not 1/mean latency)."""
+    from multiprocessing import Pool
+
+    print(f"online reads, closed loop ({devices:,} devices in Feast's layout, read_online_features; {_load()}):")
+    for clients in (1, 4):
+        for keys in (1, 10, 100):
+            with Pool(clients) as pool:
+                done = pool.map(_closed_client, [(stack.redis_url, layout, devices, keys, seconds_each, seed)
+                                                 for seed in range(clients)])
+            calls = sum(c for c, _, _ in done)
+            rate = calls / max(w for _, w, _ in done)
+            ms = np.concatenate([m for _, _, m in done])
+            print(f"  {clients} client{'s' if clients > 1 else ' '} {keys:>3} keys/call  p50 {np.percentile(ms, 50):6.3f} ms  "
+                  f"p99 {np.percentile(ms, 99):6.3f} ms  {rate:>8,.0f} calls/s  {rate * keys:>9,.0f} keys/s")
+            emit(Figure(f"online feature reads, closed loop, {clients} concurrent client{'s' if clients > 1 else ''}, "
+                        f"{keys} key{'s' if keys > 1 else ''} per call", f"{rate:,.0f} calls/s, p99 "
+                        f"{np.percentile(ms, 99):.2f} ms", n=calls, batch=keys, benchmark="bench_features"))
 
 
 @dataclass(frozen=True)
@@ -289,25 +323,6 @@ def online_reads_open_loop(stack: StackSettings, layout: FeastLayout, devices: i
     print(f"  (after the runs: {_load()})")
 
 
-def memory_per_10k_devices() -> int:
-    """The embedded engine's state: one open window per device, half full (25 readings); returns its bytes."""
-    rng = np.random.default_rng(1)
-    rows = [list(rng.normal(10, 2, len(FEATURE_SET.inputs))) for _ in range(25)]
-    tracemalloc.start()
-    before = tracemalloc.take_snapshot()
-    states = {}
-    for d in range(10_000):
-        state = states[f"dev-{d:05d}"] = EntityWindows(FEATURE_SET)
-        for i, row in enumerate(rows):
-            state.add(1_000_000 + i * 100, list(row), (None, i), None)
-    after = tracemalloc.take_snapshot()
-    tracemalloc.stop()
-    size = sum(s.size_diff for s in after.compare_to(before, "filename"))
-    print(f"embedded engine state: {size / 2**20:.1f} MiB per 10k devices (one half-full 5 s window each, "
-          f"{size / 10_000 / 25:.0f} B per buffered reading)")
-    return size
-
-
 def _rss_kib(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) of a process in KiB, from ``/proc/<pid>/status``: resident now, and its peak."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
@@ -368,23 +383,19 @@ def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, se
                                   f"{prefix}.dlq.features", f"{prefix}.faust-memory")
     changelog = f"{group}-entity_windows-changelog"
     in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
+    halves, per_device = _half_full(devices)
     size_s = FEATURE_SET.window.size_ms / 1000
-    readings = recorded_readings(devices, size_s / 2, hz=FEATURE_SET.sample_hz, late_every=10**9,
-                                 straggle_every=10**9)
-    per_device = len(readings) // devices
-    half = {f"dev-{i:05d}" for i in range(devices // 2)}
-    halves = [[r for r in readings if r["device_id"] in half], [r for r in readings if r["device_id"] not in half]]
     argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
                              redis_url=stack.redis_url, project=f"{prefix}-faust", source=source, output=output,
-                             dlq=dlq, group=group)
-    worker = subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
+                             dlq=dlq, group=group, feature_set=str(FEATURE_SET_FILE))
+    worker = subprocess.Popen(argv, cwd=REPO, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
     try:
         _wait_member(stack, group, worker)
         time.sleep(settle_s)
         rss = [_rss_kib(worker.pid)]
         fed, took = 0, []
         for part in halves:
-            produce_readings(stack.bootstrap_servers, source, in_codec, part)
+            produce_records(stack.bootstrap_servers, source, in_codec, part, key="device_id")
             fed += len(part)
             took.append(_wait_consumed(stack, group, source, changelog, fed, worker))
             time.sleep(settle_s)
@@ -412,12 +423,67 @@ def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, se
     return growth
 
 
+def embedded_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, settle_s: float = 5.0) -> float:
+    """The embedded engine's own process (``tangram run … features``), measured as the Faust job is: RSS after
+    start-up with no devices, then after ``devices`` devices' half-full windows, fed in two halves; each reading
+    counted in by the processor's ``tangram_processor_records_in_total`` before RSS is read. MiB per 10k."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-embedded-memory-"))
+    path, prefix = isolated(tmp)
+    apply(load_topology(path), stack)
+    source = f"{prefix}.ingest.telemetry"
+    in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
+    halves, per_device = _half_full(devices)
+    with Processors(path, stack, names=["features"]) as procs:
+        procs.start()
+        procs.wait_joined()
+        pid, url = procs.procs[("features", 0)].pid, procs.endpoints()[0]["metrics_url"]
+        time.sleep(settle_s)
+        rss = [_rss_kib(pid)]
+        fed = 0
+        for part in halves:
+            produce_records(stack.bootstrap_servers, source, in_codec, part, key="device_id")
+            fed += len(part)
+            deadline = time.monotonic() + 900
+            while _records_in(url) < fed:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the embedded engine consumed fewer than {fed} readings in 900 s")
+                time.sleep(0.5)
+            time.sleep(settle_s)
+            rss.append(_rss_kib(pid))
+    (start, _), (mid, _), (end, peak) = rss
+    growth = (end - start) / 1024 * 10_000 / devices
+    print(f"embedded engine memory (tangram run … features, own process; {devices:,} devices × {per_device} readings): "
+          f"RSS {start / 1024:.1f} → {mid / 1024:.1f} → {end / 1024:.1f} MiB (peak {peak / 1024:.1f}); "
+          f"growth {growth:.1f} MiB per 10k devices")
+    return growth
+
+
+def _records_in(metrics_url: str) -> float:
+    """``tangram_processor_records_in_total`` of one processor, from its metrics endpoint."""
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("tangram_processor_records_in_total{"))
+
+
+def _half_full(devices: int) -> tuple[list[list[dict]], int]:
+    """Readings that fill half of one window per device (none closes), split into two halves of the devices."""
+    size_s = FEATURE_SET.window.size_ms / 1000
+    readings = recorded_readings(devices, size_s / 2, hz=FEATURE_SET.sample_hz, late_every=10**9,
+                                 straggle_every=10**9)
+    half = {f"dev-{i:05d}" for i in range(devices // 2)}
+    return ([[r for r in readings if r["device_id"] in half], [r for r in readings if r["device_id"] not in half]],
+            len(readings) // devices)
+
+
 def memory(stack: StackSettings) -> None:
-    """The Faust job's RSS growth per 10k devices, and the embedded engine's state beside it."""
+    """Process RSS growth per 10k devices of the Faust job and of the embedded engine: one measure for both."""
     faust = faust_memory_per_10k_devices(stack)
-    embedded = memory_per_10k_devices() / 2**20
-    print(f"memory per 10k devices, half-full windows: Faust job {faust:.1f} MiB (process RSS growth), "
-          f"embedded engine {embedded:.1f} MiB (state objects, tracemalloc); Faust / embedded {faust / embedded:.2f}×")
+    embedded = embedded_memory_per_10k_devices(stack)
+    print(f"memory per 10k devices, half-full windows (process RSS growth of each): Faust job {faust:.1f} MiB, "
+          f"embedded engine {embedded:.1f} MiB; Faust / embedded {faust / embedded:.2f}×")
+    emit(Figure("feature state memory per 10k devices, half-full 5 s windows (process RSS growth of each)",
+                f"embedded engine {embedded:.1f} MiB", f"Faust job {faust:.1f} MiB",
+                f"embedded / Faust {embedded / faust:.2f}", n=10_000, batch="-", benchmark="bench_features"))
 
 
 def main() -> None:

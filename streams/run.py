@@ -38,6 +38,7 @@ def make_runner(topology: Topology, name: str, stack: StackSettings) -> Runner:
             inputs=tuple(spec.inputs),
             batch_size=spec.batch_size,
             max_wait_ms=spec.max_wait_ms,
+            linger_ms=spec.linger_ms,
             exactly_once=spec.exactly_once,
         ),
     )

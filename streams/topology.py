@@ -140,6 +140,8 @@ class ProcessorSpec(_Model):
     group: str | None = Field(None, description="Consumer group; defaults to `<app>.<processor>`.")
     batch_size: int = Field(500, ge=1, le=100_000, description="Most records per micro-batch.")
     max_wait_ms: int = Field(100, ge=1, le=60_000, description="Longest wait to fill a micro-batch.")
+    linger_ms: int = Field(5, ge=0, le=60_000, description="Once a micro-batch's first record is there, how long "
+                                                          "to wait for more (at most max_wait_ms).")
     exactly_once: bool = Field(False, description="Kafka transactions instead of at-least-once.")
     params: dict[str, Any] = Field(default_factory=dict, description="Validated by the processor's own settings model.")
     replicas: int = Field(1, ge=1, description="Consumer-group members to run (docker compose --scale).")

@@ -24,11 +24,11 @@ command -v nvidia-smi >/dev/null || { echo "no nvidia-smi: this script needs an 
 command -v docker >/dev/null || { echo "docker is required to run NVIDIA's Triton image" >&2; exit 1; }
 make .venv/.installed model >/dev/null
 
-# The repository as NVIDIA's Triton reads it, with GPU instances instead of the CPU one.
+# The reference app's repository as NVIDIA's Triton reads it; its config names no instance kind, so
+# Triton places the model on the GPU.
 REPO="$TANGRAM_HOME/model_repository"
 mkdir -p "$REPO"
-cp -r inference_workers/model_repository/anomaly "$REPO/"
-sed -i 's/kind: KIND_CPU/kind: KIND_GPU/' "$REPO/anomaly/config.pbtxt"
+cp -r topologies/predictive_maintenance/model_repository/anomaly "$REPO/"
 
 cleanup() {
   docker rm -f "$NAME" >/dev/null 2>&1 || true

@@ -339,14 +339,16 @@ def test_canary_job_promotes_a_healthy_challenger_under_load_and_rollback_is_tim
     assert len(switched) == len(p.workers) and p.serving() == [v1] * len(p.workers)
     rto_s = max(switched.values()) - started_wall
     assert visible, "the test's own registry watcher never saw the rollback"
-    print(f"\nrollback RTO under load ({RATE:.0f} windows/s, {len(p.workers)} workers): every worker serves v1 "
-          f"{rto_s:.2f} s after `tangram models rollback` started (a new Python process: start, imports, registry "
-          f"catch-up, write); {(max(switched.values()) - visible[0]) * 1000:.0f} ms after the event reached the "
-          f"registry topic (workers: {', '.join(f'{(t - visible[0]) * 1000:.0f} ms' for _, t in sorted(switched.items()))})")
     assert rto_s < 30.0  # the seeds ask RTO < 30 s (the issue aims at 5 s)
     time.sleep(2)
     p.stop_load()
     got = p.wait_scored()
+    # the rollback as a reader of the predictions sees it: from the registry event to the first prediction by v1
+    first_v1_ms = min(ts for pred, ts in got if pred["model_version"] == "1" and ts >= rollback.at_ms) - rollback.at_ms
+    print(f"\nrollback under load ({RATE:.0f} windows/s, {len(p.workers)} workers): the first prediction by v1 "
+          f"{first_v1_ms} ms after the registry event; every worker serves v1 {rto_s:.2f} s after "
+          f"`tangram models rollback` started (a new Python process: start, imports, registry catch-up, write)")
+    assert first_v1_ms < 30_000
 
     by_version = check_predictions(p, got)
     assert by_version.get("2", 0) > 0 and by_version.get("1", 0) > 0 and "3" not in by_version
