@@ -188,6 +188,20 @@ class SimulatorSpec(_Model):
     params: dict[str, Any] = Field(default_factory=dict, description="Validated by the simulator's own settings.")
 
 
+class PayloadsSpec(_Model):
+    """Large values stored beside Kafka, by reference (:mod:`streams.payloads`): an uploaded image, a file.
+
+    A contract holds such a value in a ``bytes`` field ``X`` (``["null", "bytes"]``) with a sibling string
+    field ``X_ref``; a value over ``inline_max_bytes`` goes to the store and only its reference travels.
+    """
+
+    inline_max_bytes: int = Field(262_144, ge=1, le=900_000, description=(
+        "Largest value carried inside a record; larger ones go to the store. At most 900 kB: a record stays "
+        "under Kafka's default 1 MB `message.max.bytes` with room for the other fields and headers."))
+    store: str = Field("payloads", description="The store's folder: relative to the stack's home "
+                                               "(`TANGRAM_HOME`), or absolute (a volume every processor mounts).")
+
+
 class Topology(_Model):
     app: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     description: str = ""
@@ -197,6 +211,7 @@ class Topology(_Model):
                                                 "relative to the app folder.")
     models: ModelsSpec = ModelsSpec()
     simulator: SimulatorSpec | None = None
+    payloads: PayloadsSpec | None = Field(None, description="Values stored by reference when over a size limit.")
     defaults: Defaults = Defaults()
     sla: Sla | None = None
     topics: dict[str, TopicSpec]
