@@ -147,7 +147,7 @@ def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator
                               f"actions {len(watcher.actions)}  dead letters {len(watcher.dead_letters)}[/]")
         flush(out, 30)
         console.print("simulator done; waiting for the pipeline to drain")
-        wait_quiet(probe, topology)
+        wait_quiet(probe, topology, timeout_s=max(60.0, duration_s * 5))
         after = high_watermarks(probe, topology)
         watcher.stop()
         counts: Counter = Counter()

@@ -224,7 +224,7 @@ class Verifier:
         resumed = reader.until(lambda m: m.topic() == victim_out and m.timestamp()[1] / 1000 > killed_at, 90)
         resumed_in = resumed.timestamp()[1] / 1000 - killed_at if resumed else None
         probe = Consumer({"bootstrap.servers": self.stack.bootstrap_servers, "group.id": "tangram-verify-probe"})
-        wait_quiet(probe, self.topology, quiet_s=3.0, timeout_s=60.0)
+        wait_quiet(probe, self.topology, timeout_s=120.0)
         probe.close()
         records = reader.drain()
         reader.close()

@@ -46,7 +46,7 @@ class ServiceHall(Simulator):
         self.generator = Generator(self.seed, forged_share=s.forged_share, expired_share=s.expired_share)
         self.flawed_share = s.flawed_share
         self._truth: list[dict] = []
-        self._sent: list[Document] = []
+        self._sent: list[tuple[int, Document]] = []  # accepted uploads: (generator index, document)
         self._stack: StackSettings | None = None
         self._codec = None
         self._payloads: PayloadStore | None = None
@@ -87,9 +87,9 @@ class ServiceHall(Simulator):
         rng = random.Random(f"{self.seed}:upload:{step}")
         desk = f"counter-{step % self.entities:02d}"
         now_ms = int(time.time() * 1000)
+        index = step
         if self._sent and rng.random() < self.settings.rescan_share:
-            earlier = rng.choice(self._sent)
-            index = int(earlier.doc_id.rsplit("-", 1)[1])
+            index, earlier = rng.choice(self._sent)
             doc = self.generator.document(index, kind=earlier.doc_type, forged=earlier.forged, expired=earlier.expired,
                                           conditions=self.generator.conditions(rng))
             doc = replace(doc, doc_id=f"{doc.doc_id}-r{step}")
@@ -98,9 +98,9 @@ class ServiceHall(Simulator):
         flaw = rng.choice((*CONVERTED, *REFUSED)) if rng.random() < self.flawed_share else "ok"
         if flaw == "duplicate" and not self._sent:
             flaw = "ok"
-        data = flawed(doc, flaw, self._sent[-1] if self._sent else None)
+        data = flawed(doc, flaw, self._sent[-1][1] if self._sent else None)
         if flaw == "ok" or flaw in CONVERTED:
-            self._sent.append(doc)
+            self._sent.append((index, doc))
         return [self._event(doc, desk, now_ms, data, flaw)]
 
     def truth(self, start_ms: int) -> list[tuple[str, dict]]:
