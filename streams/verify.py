@@ -178,7 +178,26 @@ class Verifier:
             finally:
                 worker.close()
             models.append(worker.settings.model)
-        return f"model(s) {', '.join(models)} match their contract" if models else "no inference processor"
+        if models:
+            return f"model(s) {', '.join(models)} match their contract"
+        return self._models_ready(timeout_s)
+
+    def _models_ready(self, timeout_s: float) -> str:
+        """An app whose models serve its own stages (no inference worker): each model of its repository is ready."""
+        import asyncio
+
+        from inference_workers.triton_client import ModelRepository
+        from streams.lifecycle.repository import model_dirs
+
+        async def ready() -> dict[str, set[str]]:
+            async with ModelRepository(self.stack.triton_grpc_url, timeout_s=timeout_s) as repository:
+                return {m.name: await repository.ready_versions(m.name) for m in model_dirs(self.topology.model_repository)}
+
+        served = asyncio.run(ready())
+        missing = sorted(name for name, versions in served.items() if not versions)
+        if missing:
+            raise TopologyError(f"model(s) {', '.join(missing)} not ready in Triton (`tangram apply` installs them)")
+        return "model(s) " + ", ".join(f"{n} v{','.join(sorted(v))}" for n, v in sorted(served.items())) + " ready"
 
     # -- step 3 -------------------------------------------------------------------
     def chain(self) -> list[Check]:
