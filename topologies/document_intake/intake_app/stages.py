@@ -133,6 +133,9 @@ class Ocr(Stage):
         timeout_s: float = Field(30.0, gt=0, description="Deadline of one Triton call.")
         low_priority_model: str = Field(CLS, description="The model skipped at degradation level L1.")
         det_limit: int = Field(OcrSettings.det_limit, ge=64, description="Longest side given to the detector.")
+        rec_batch: int = Field(OcrSettings.rec_batch, ge=1, le=64, description=(
+            "Text lines a recogniser request, grouped by width. On a CPU one line a request is fastest (no padding, "
+            "docs/intake.md); on a GPU larger requests are what its throughput comes from."))
         triggers: tuple[Trigger, ...] = Field((), description="Own level triggers (signal inference_p99_ms).")
         signal_window_s: float = Field(60.0, gt=0, description="Window of the OCR-time p99 signal.")
         config_topic: str = Field("_tangram.config", description="The config center's topic.")
@@ -210,7 +213,8 @@ class Ocr(Stage):
         try:
             if not self.models:
                 self.loop.run_until_complete(self._connect())
-            engine = OcrEngine(self._infer, self.characters, OcrSettings(det_limit=self.settings.det_limit))
+            engine = OcrEngine(self._infer, self.characters,
+                               OcrSettings(det_limit=self.settings.det_limit, rec_batch=self.settings.rec_batch))
             timings = Timings()
             read = self._read(engine, images, use_cls, timings)
         except InferenceUnavailableError as exc:
