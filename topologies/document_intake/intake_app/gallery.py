@@ -40,6 +40,7 @@ class Gallery:
         self._last = "0-0"
         self._bits = np.zeros((0, 0), np.uint8)
         self._entries: list[tuple[str, str, dict[str, str]]] = []
+        self._ids: set[str] = set()
 
     def add(self, doc_id: str, phash: str, doc_type: str, fields: dict[str, str]) -> None:
         self.client.xadd(self.key, {"doc_id": doc_id, "phash": phash, "doc_type": doc_type,
@@ -47,19 +48,24 @@ class Gallery:
                          maxlen=self.max_entries, approximate=True)
 
     def refresh(self) -> int:
-        """Read the entries added since the last call; returns how many."""
+        """Read the entries added since the last call; returns how many new documents they held."""
         new = self.client.xrange(self.key, min=f"({self._last}") if self._last != "0-0" else self.client.xrange(self.key)
         if not new:
             return 0
         rows = []
         for entry_id, data in new:
             self._last = entry_id.decode()
-            self._entries.append((data[b"doc_id"].decode(), data[b"doc_type"].decode(),
-                                  json.loads(data[b"fields"].decode())))
+            doc_id = data[b"doc_id"].decode()
+            if doc_id in self._ids:  # written again by a re-delivered approval: indexed once
+                continue
+            self._ids.add(doc_id)
+            self._entries.append((doc_id, data[b"doc_type"].decode(), json.loads(data[b"fields"].decode())))
             rows.append(np.frombuffer(bytes.fromhex(data[b"phash"].decode()), np.uint8))
+        if not rows:
+            return 0
         added = np.stack(rows)
         self._bits = added if not len(self._bits) else np.concatenate([self._bits, added])
-        return len(new)
+        return len(rows)
 
     def nearest(self, phash: str) -> Match:
         if not self._entries:

@@ -3,10 +3,10 @@
 Nothing is trained and nothing is downloaded: the wheel ships the ONNX files of PaddleOCR's PP-OCRv4
 text detector, its text recogniser (Chinese and Latin characters, the dictionary stored in the ONNX
 file's metadata) and the mobile v2.0 text-direction classifier. The hook copies each one to
-``<model>/1/model.onnx`` beside the ``config.pbtxt`` this app declares, and writes the recogniser's
-dictionary as the output's labels file (``ppocr_rec/characters.txt``, one class per line in output
-order: the CTC blank, the dictionary, the space), which is where the OCR stage reads it from — the
-contract of the model, not a copy of the library's code.
+``<model>/1/model.onnx`` beside the ``config.pbtxt`` this app declares, and checks the recogniser's
+dictionary against the output's labels file the app declares (``ppocr_rec/characters.txt``, one class
+per line in output order: the CTC blank, the dictionary, the space; written from the ONNX file when it
+is missing). The OCR stage reads the classes there: the model's contract, not the library's code.
 """
 
 from __future__ import annotations

@@ -131,12 +131,11 @@ class ServiceHall(Simulator):
         right = sum(n for (want, got), n in outcomes.items() if want == got)
         forged_approved = sum(1 for t in valid if t["forged"] and decided.get(t["doc_id"], {}).get("action_type") == "approve")
         expired_approved = sum(1 for t in valid if t["expired"] and decided.get(t["doc_id"], {}).get("action_type") == "approve")
-        undecided = outcomes.get
         table = Table(title="document intake: decisions against ground truth")
         for col in ("expected", "approve", "review", "reject", "none"):
             table.add_column(col, justify="right")
         for want in ("approve", "reject"):
-            table.add_row(want, *(str(undecided((want, got), 0)) for got in ("approve", "review", "reject", "none")))
+            table.add_row(want, *(str(outcomes.get((want, got), 0)) for got in ("approve", "review", "reject", "none")))
         per_field = Table(title="field accuracy (documents read by OCR)")
         for col in ("document", "field", "right", "of", "accuracy"):
             per_field.add_column(col, justify="right" if col in ("right", "of", "accuracy") else "left")

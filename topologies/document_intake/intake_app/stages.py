@@ -31,7 +31,7 @@ from intake_app.extraction import extract, load_spec
 from intake_app.gallery import Gallery
 from intake_app.images import DuplicateContent, check_image
 from intake_app.models import read_characters
-from intake_app.ocr import CLS, DET, REC, OcrEngine, OcrSettings, Timings, decode_image
+from intake_app.ocr import CLS, DET, REC, Line, OcrEngine, OcrSettings, Timings, decode_image
 from streams.context import BuildContext
 from streams.delivery import Record
 from streams.errors import BackpressureError, InferenceError, InferenceUnavailableError, PayloadError
@@ -288,8 +288,6 @@ class Extract(Stage):
         self.spec = load_spec(ctx.path(self.settings.spec))
 
     def transform(self, value: dict, record: Record) -> dict:
-        from intake_app.ocr import Line
-
         lines = [Line(l["text"], l["confidence"], tuple(zip(l["box"][0::2], l["box"][1::2]))) for l in value["lines"]]
         day = datetime.fromtimestamp(value["uploaded_ms"] / 1000, timezone.utc).date()
         e = extract(lines, self.spec, day)
@@ -305,7 +303,9 @@ class Extract(Stage):
 
 
 class GalleryWriter(Sink):
-    """Approved documents → the gallery (Redis stream) that degradation L2 matches new uploads against."""
+    """Approved documents → the gallery (Redis stream) that degradation L2 matches new uploads against.
+
+    A re-delivered batch appends its documents again; readers index a document once (``Gallery.refresh``)."""
 
     class Settings(StageSettings):
         key_prefix: str = Field("intake", description="Prefix of this app's Redis keys (as the intake's).")
@@ -321,7 +321,6 @@ class GalleryWriter(Sink):
             if value["model_versions"]:  # decided on OCR, not itself a gallery match
                 _redis_call("adding to the gallery", lambda v=value: self.gallery.add(
                     v["doc_id"], v["image_phash"], v["doc_type"], v["fields"]))
-        return None
 
     def close(self) -> None:
         self.redis.close()
