@@ -104,6 +104,8 @@ class ServiceHall(Simulator):
         return [self._event(doc, desk, now_ms, data, flaw)]
 
     def truth(self, start_ms: int) -> list[tuple[str, dict]]:
+        """The ground truth of the documents made so far: a document's is made with it, so the demo scores
+        with what this returns after the run (the app declares no truth topic)."""
         return [(t["doc_id"], t) for t in self._truth]
 
     # -- scoring ----------------------------------------------------------------------------------
