@@ -36,6 +36,9 @@ system-deps:
 	@command -v dot >/dev/null || { \
 	  echo "installing graphviz (tangram diagram) from Debian's packages"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null; }
+	@test -f /usr/share/fonts/truetype/wqy/wqy-microhei.ttc || { \
+	  echo "installing fonts-wqy-microhei (the CJK font of the document-intake generator) from Debian's packages"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-wqy-microhei >/dev/null; }
 
 # uv creates the virtual environments (fast, cached); installed into the base interpreter if missing.
 uv:
@@ -44,7 +47,7 @@ uv:
 # 1. The application environment (streams, inference workers, CLI).
 $(VENV)/.installed: pyproject.toml | uv
 	$(UV) venv -q --allow-existing -p $(PYTHON) $(VENV)
-	$(UV) pip install -q -p $(BIN)/python -e '.[dev]'
+	$(UV) pip install -q -p $(BIN)/python -e '.[dev,intake]'
 	@touch $@
 
 # 2. The model-server environment: Triton as PyTriton ships it (numpy<2, so apart).
@@ -70,9 +73,11 @@ jars: $(VENV)/.installed
 	$(BIN)/tangram stack jars
 	$(BIN)/python -m streams.flink.launcher jars
 
-# The reference app's model, built by the app's own training script (its `models.build` hook).
+# The reference apps' models, built by each app's own `models.build` hook: predictive maintenance trains
+# its model; document intake copies PP-OCRv4 out of the installed rapidocr-onnxruntime wheel.
 model: $(VENV)/.installed
 	$(BIN)/tangram models build topologies/predictive_maintenance
+	$(BIN)/tangram models build topologies/document_intake
 
 # Helm is a Go module: built with this machine's Go (its module and build caches in ~/go and ~/.cache/go-build
 # make a rebuild quick), kept under ~/.cache/tangram/bin like the Kafka jars in ~/.m2.
@@ -101,6 +106,7 @@ demo: setup
 
 test: setup helm
 	$(BIN)/tangram schemas check topologies/predictive_maintenance
+	$(BIN)/tangram schemas check topologies/document_intake
 	$(BIN)/pytest -q tests
 
 unit: $(VENV)/.installed helm
