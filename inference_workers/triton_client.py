@@ -147,6 +147,12 @@ def _error(label: str, timeout_s: float, action: str, exc: InferenceServerExcept
     return InferenceError(f"{label}: {action} failed: {status} {message}".strip())
 
 
+def fits(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    """Whether a tensor's ``shape`` (without the batch dimension) is one the ``dims`` of a config allow:
+    the same rank, and every dimension equal where the config fixes it (-1: any size, as Triton reads it)."""
+    return len(shape) == len(dims) and all(d < 0 or s == d for s, d in zip(shape, dims))
+
+
 def _dims(values: Any) -> list[int]:
     return [int(v) for v in values]
 
@@ -276,12 +282,12 @@ class TritonModel:
         request raises InferenceError.
         """
         expected = self.contract.input
-        if batch.ndim != 1 + len(expected.dims) or tuple(batch.shape[1:]) != expected.dims:
+        if not fits(batch.shape[1:], expected.dims):
             raise InferenceError(
                 f"{self._label}: batch shape {list(batch.shape)} does not fit input '{expected.name}' dims {list(expected.dims)}"
             )
         if batch.shape[0] == 0:
-            return np.empty((0, *self.contract.output.dims), dtype=self.contract.output.numpy_dtype)
+            return np.empty((0, *(max(d, 0) for d in self.contract.output.dims)), dtype=self.contract.output.numpy_dtype)
         batch = np.ascontiguousarray(batch, dtype=expected.numpy_dtype)
         limit = self.max_batch_size or batch.shape[0]
         if batch.shape[0] <= limit:
@@ -303,7 +309,7 @@ class TritonModel:
         except InferenceServerException as exc:
             raise self._error(f"inference of {batch.shape[0]} rows", exc) from None
         output = result.as_numpy(self.contract.output.name)
-        if output is None or output.shape != (batch.shape[0], *self.contract.output.dims):
+        if output is None or output.shape[:1] != batch.shape[:1] or not fits(output.shape[1:], self.contract.output.dims):
             raise InferenceError(
                 f"{self._label}: output '{self.contract.output.name}' shape "
                 f"{None if output is None else list(output.shape)} != expected {[batch.shape[0], *self.contract.output.dims]}"

@@ -143,11 +143,12 @@ def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator
             if time.monotonic() - last_report >= 5:
                 last_report = time.monotonic()
                 elapsed = last_report - t0
-                console.print(f"[dim]t={elapsed:4.0f}s  sent {sent} events ({sent / elapsed:,.0f}/s)  "
+                rate = sent / elapsed
+                console.print(f"[dim]t={elapsed:4.0f}s  sent {sent} events ({rate:,.{1 if rate < 10 else 0}f}/s)  "
                               f"actions {len(watcher.actions)}  dead letters {len(watcher.dead_letters)}[/]")
         flush(out, 30)
         console.print("simulator done; waiting for the pipeline to drain")
-        wait_quiet(probe, topology)
+        wait_quiet(probe, topology, timeout_s=max(60.0, duration_s * 5))
         after = high_watermarks(probe, topology)
         watcher.stop()
         counts: Counter = Counter()

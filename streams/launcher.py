@@ -200,8 +200,20 @@ def high_watermarks(consumer: Consumer, topology: Topology, topics: list[str] | 
     return out
 
 
-def wait_quiet(consumer: Consumer, topology: Topology, quiet_s: float = 3.0, timeout_s: float = 30.0) -> None:
-    """Wait until no topic of the topology grows for ``quiet_s``: every processor has caught up."""
+def quiet_period_s(topology: Topology, floor_s: float = 3.0) -> float:
+    """How long the topics may stay still while a processor is still busy: its longest declared call deadline.
+
+    A processor whose micro-batch waits on a slow service (OCR on a CPU Triton: seconds a batch)
+    produces nothing until the call returns, and the topology declares how long that may take.
+    """
+    deadlines = [call.timeout_ms / 1000 for spec in topology.processors.values() for call in spec.calls]
+    return max([floor_s, *deadlines])
+
+
+def wait_quiet(consumer: Consumer, topology: Topology, quiet_s: float | None = None, timeout_s: float = 30.0) -> None:
+    """Wait until no topic of the topology grows for ``quiet_s`` (default: :func:`quiet_period_s`): every
+    processor has caught up."""
+    quiet_s = quiet_period_s(topology) if quiet_s is None else quiet_s
     deadline = time.monotonic() + timeout_s
     last, since = sum(high_watermarks(consumer, topology).values()), time.monotonic()
     while time.monotonic() < deadline:

@@ -178,7 +178,26 @@ class Verifier:
             finally:
                 worker.close()
             models.append(worker.settings.model)
-        return f"model(s) {', '.join(models)} match their contract" if models else "no inference processor"
+        if models:
+            return f"model(s) {', '.join(models)} match their contract"
+        return self._models_ready(timeout_s)
+
+    def _models_ready(self, timeout_s: float) -> str:
+        """An app whose models serve its own stages (no inference worker): each model of its repository is ready."""
+        import asyncio
+
+        from inference_workers.triton_client import ModelRepository
+        from streams.lifecycle.repository import model_dirs
+
+        async def ready() -> dict[str, set[str]]:
+            async with ModelRepository(self.stack.triton_grpc_url, timeout_s=timeout_s) as repository:
+                return {m.name: await repository.ready_versions(m.name) for m in model_dirs(self.topology.model_repository)}
+
+        served = asyncio.run(ready())
+        missing = sorted(name for name, versions in served.items() if not versions)
+        if missing:
+            raise TopologyError(f"model(s) {', '.join(missing)} not ready in Triton (`tangram apply` installs them)")
+        return "model(s) " + ", ".join(f"{n} v{','.join(sorted(v))}" for n, v in sorted(served.items())) + " ready"
 
     # -- step 3 -------------------------------------------------------------------
     def chain(self) -> list[Check]:
@@ -224,7 +243,7 @@ class Verifier:
         resumed = reader.until(lambda m: m.topic() == victim_out and m.timestamp()[1] / 1000 > killed_at, 90)
         resumed_in = resumed.timestamp()[1] / 1000 - killed_at if resumed else None
         probe = Consumer({"bootstrap.servers": self.stack.bootstrap_servers, "group.id": "tangram-verify-probe"})
-        wait_quiet(probe, self.topology, quiet_s=3.0, timeout_s=60.0)
+        wait_quiet(probe, self.topology, timeout_s=120.0)
         probe.close()
         records = reader.drain()
         reader.close()

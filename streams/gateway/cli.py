@@ -13,7 +13,8 @@ import typer
 from streams.settings import StackSettings
 
 schemas_app = typer.Typer(help="Data contracts: an app's Avro schemas and their compatibility.", no_args_is_help=True)
-gateway_app = typer.Typer(help="Ingest gateways: HTTP and MQTT producers reach the ingest contracts.", no_args_is_help=True)
+gateway_app = typer.Typer(help="Ingest gateways: HTTP and MQTT producers reach the ingest contracts; HTTP uploads of files.",
+                          no_args_is_help=True)
 dlq_app = typer.Typer(help="Dead-letter topics: inspect refused records, replay them after a fix.", no_args_is_help=True)
 
 
@@ -67,6 +68,22 @@ def gateway_http(
     stack = StackSettings()
     _metrics(metrics_port, stack)
     serve(topology, stream, stack, HttpGatewaySettings(**overrides))
+
+
+@gateway_app.command("upload")
+def gateway_upload(
+    topology: Path = typer.Argument(..., help="The app (its folder or topology file): its `uploads:` are served."),
+    port: Optional[int] = typer.Option(None, help="Listen port (default 8089, or TANGRAM_UPLOAD_GATEWAY_PORT)."),
+    host: Optional[str] = typer.Option(None, help="Listen address (default 127.0.0.1)."),
+    metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics on this port."),
+) -> None:
+    """Serve POST /v1/uploads/{name} (multipart/form-data files) until SIGTERM."""
+    from streams.gateway.upload import UploadGatewaySettings, serve
+
+    overrides = {k: v for k, v in {"port": port, "host": host}.items() if v is not None}
+    stack = StackSettings()
+    _metrics(metrics_port, stack)
+    serve(topology, stack, UploadGatewaySettings(**overrides))
 
 
 @gateway_app.command("mqtt")

@@ -11,6 +11,9 @@ about one entity at one time: the declared ``entity_field`` and ``time_field`` o
 * **L2**: each feature window is evaluated by the L2 rules — features only, no model;
 * **L3**: each feature window yields the declared safe default.
 
+An action also carries every other field its schema shares with the record it decided on (the
+document's extracted fields, say), so a subscriber sees what was decided on without a join.
+
 Of the matching rules of one action type, the highest-priority one fires; a cooldown per entity
 and action type (event time) and a per-window dedup hold back repeats. Every action names the
 rule, its inputs, the model versions, the rule-set version and the level in effect, with a
@@ -91,6 +94,10 @@ class RuleProcessor(Processor):
         except TopologyError as exc:
             raise TopologyError(f"rule processor {processor!r}: {exc}") from None
         self.book = RuleBook.build(settings.rules, "topology", 0, self.topics)
+        # fields an action carries from the record it decided on: those its schema shares with the inputs' schemas
+        inputs = {f.get("name") for c in input_codecs.values() for f in c.schema_json.get("fields", [])}
+        self.carried = {t: [n for f in c.schema_json.get("fields", []) if (n := f.get("name")) in inputs]
+                        for t, c in output_codecs.items()}
         spec = settings.degradation
         self.rule_set_key = settings.rule_set or f"{app}.{processor}"
         self.redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
@@ -371,6 +378,9 @@ class RuleProcessor(Processor):
             "degradation_level": level,
             "trace_id": value.get("trace_id") or record.header(H_TRACE_ID),
         }
+        for name in self.carried[topic]:
+            if name not in action and name in value:
+                action[name] = value[name]
         FIRED.labels(self.name, rule, level).inc()
         headers = carry_headers(record, **{H_EVENT_ID: action["event_id"]})
         return Output(topic, entity, self.output_codecs[topic].encode(action), headers)
