@@ -159,7 +159,7 @@ def run_worker(stack: StackSettings, topics: dict[str, str], size: int, rows: in
         settings=InferenceSettings(model=model, model_version=version, timeout_s=10.0),
     )
     timed = Timed(worker, rows)
-    runner = Runner(timed, RunnerConfig(bootstrap_servers=stack.bootstrap_servers, group_id=f"bench-{uuid.uuid4().hex}",
+    runner = Runner(timed, RunnerConfig(kafka=stack.kafka, group_id=f"bench-{uuid.uuid4().hex}",
                                         inputs=(topics["in"],), batch_size=size, max_wait_ms=500,
                                         exactly_once=exactly_once))
     timed.runner = runner

@@ -335,8 +335,27 @@ def prepare_backends(workspace: Path, dist: Distribution) -> Path:
     return backends
 
 
+#: The header a restricted model-control API demands (``inference_workers.triton_client.CONTROL_HEADER``).
+CONTROL_HEADER = "tangram-model-control"
+#: Where the secured stack hands the wrapper the model-control key (never on its own command line).
+CONTROL_KEY_ENV = "TANGRAM_TRITON_CONTROL_KEY"
+
+
+def restricted_model_control(key: str | None) -> list[str]:
+    """Flags that make Triton's model-repository API (load, unload, index) demand ``key`` in CONTROL_HEADER.
+
+    Inference, metadata and health stay open to the processors that reach Triton; changing what it
+    serves needs the key. None: unrestricted (the developer stack).
+    """
+    if not key:
+        return []
+    return [f"--grpc-restricted-protocol=model-repository:{CONTROL_HEADER}={key}",
+            f"--http-restricted-api=model-repository:{CONTROL_HEADER}={key}"]
+
+
 def tritonserver_command(
-    binary: Path, args: argparse.Namespace, backends: Path, models: Sequence[str], shm_prefix: str
+    binary: Path, args: argparse.Namespace, backends: Path, models: Sequence[str], shm_prefix: str,
+    control_key: str | None = None,
 ) -> list[str]:
     """The tritonserver command line: explicit model control, ``models`` loaded at start."""
     return [
@@ -362,6 +381,7 @@ def tritonserver_command(
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
         f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",
         f"--backend-config=python,shm-growth-byte-size={SHM_GROWTH_BYTES}",
+        *restricted_model_control(control_key),
     ]
 
 
@@ -533,8 +553,9 @@ def serve(args: argparse.Namespace) -> int:
     workspace = Path(tempfile.mkdtemp(prefix="tangram-triton-"))
     shm_prefix = f"tangram-triton-{os.getpid()}-{secrets.token_hex(4)}-"
     models = sorted({spec.name for spec in specs})
-    command = tritonserver_command(dist.binary, args, prepare_backends(workspace, dist), models, shm_prefix)
-    LOGGER.info("starting %s", " ".join(command))
+    key = env.pop(CONTROL_KEY_ENV, None)  # on Triton's command line only; its backend stubs need not see it
+    command = tritonserver_command(dist.binary, args, prepare_backends(workspace, dist), models, shm_prefix, key)
+    LOGGER.info("starting %s", " ".join(command).replace(key, "<model-control key>") if key else " ".join(command))
     process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     exit_code = 0
     try:

@@ -108,7 +108,7 @@ def dlq_inspect(
 
     from streams.dlq import read
 
-    letters = list(read(StackSettings().bootstrap_servers, topic, from_offset=from_offset, reason=reason, limit=limit))
+    letters = list(read(StackSettings().kafka, topic, from_offset=from_offset, reason=reason, limit=limit))
     table = Table(title=f"{topic}: {len(letters)} record(s)" + (f" with reason {reason}" if reason else ""))
     for col in ("partition@offset", "key", "reason", "stage", "message", "source", "value"):
         table.add_column(col, overflow="fold")
@@ -137,7 +137,7 @@ def dlq_replay(
 
     from streams.dlq import replay
 
-    n = replay(StackSettings().bootstrap_servers, topic, to, reason=reason, from_offset=from_offset, limit=limit,
+    n = replay(StackSettings().kafka, topic, to, reason=reason, from_offset=from_offset, limit=limit,
                dry_run=dry_run)
     Console().print(f"{'would replay' if dry_run else 'replayed'} {n} record(s) from {topic} to {to}"
                     + (f" (reason {reason})" if reason else ""))
