@@ -367,7 +367,8 @@ class ModelRepository:
         self.url = url
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
-        self.headers = {CONTROL_HEADER: control_key} if control_key else None
+        # Triton's gRPC endpoint names a restricted protocol's header with this prefix
+        self.headers = {f"triton-grpc-protocol-{CONTROL_HEADER}": control_key} if control_key else None
         self._client: grpcclient.InferenceServerClient | None = None
 
     def _grpc(self) -> grpcclient.InferenceServerClient:

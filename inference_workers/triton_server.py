@@ -456,9 +456,10 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _served(args: argparse.Namespace) -> list[str]:
+def _served(args: argparse.Namespace, control_key: str | None) -> list[str]:
     """``name/version`` of every READY model version, from Triton's repository index (for the log)."""
-    request = urllib.request.Request(_local_url(args.host, args.http_port, "/v2/repository/index"), data=b"{}")
+    request = urllib.request.Request(_local_url(args.host, args.http_port, "/v2/repository/index"), data=b"{}",
+                                     headers={CONTROL_HEADER: control_key} if control_key else {})
     try:
         with urllib.request.urlopen(request, timeout=5.0) as response:
             index = json.loads(response.read())
@@ -564,7 +565,7 @@ def serve(args: argparse.Namespace) -> int:
             return failed
         LOGGER.info(
             "Triton ready in %.1f s (explicit model control): %s; HTTP %s:%d, gRPC %s:%d, metrics %s:%d",
-            time.monotonic() - started, ", ".join(_served(args)),
+            time.monotonic() - started, ", ".join(_served(args, key)),
             args.host, args.http_port, args.host, args.grpc_port, args.host, args.metrics_port,
         )
         while not stop.wait(0.5):

@@ -43,8 +43,11 @@ INTERNAL_PREFIX = "_tangram."
 SCHEMAS_TOPIC = "_schemas"
 CANARY_KIND = "streams.lifecycle.canary_job:CanaryJob"
 FEATURES_KIND = "streams.features:WindowFeatures"
+#: The consumer groups of the state-topic followers (config subscriber, model registry watcher):
+#: they only assign partitions and never commit, but librdkafka still looks their coordinator up.
+STATELOG_GROUPS = "tangram-statelog-"
 #: A principal name is also a SCRAM user, a Redis ACL user and a file name: keep it plain.
-_PRINCIPAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_PRINCIPAL = re.compile(r"[a-z0-9]([a-z0-9.-]{0,198}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -68,14 +71,20 @@ def _checked(principal: str) -> str:
     return principal
 
 
+def _principal(app: str, name: str) -> str:
+    """``<app>.<name>``, lower case, ``_`` as ``-``: the same name works as a SCRAM user, a Redis user and a
+    Kubernetes resource (Strimzi's ``KafkaUser`` is named after its principal)."""
+    return _checked(f"{app}.{name}".lower().replace("_", "-"))
+
+
 def processor_principal(topology: Topology, name: str) -> str:
     """The principal a processor runs as: ``<app>.<processor>``."""
-    return _checked(f"{topology.app}.{name}")
+    return _principal(topology.app, name)
 
 
 def gateway_principal(topology: Topology) -> str:
     """The principal the app's HTTP and MQTT gateways run as: ``<app>.gateway``."""
-    return _checked(f"{topology.app}.gateway")
+    return _principal(topology.app, "gateway")
 
 
 def processor_grants(topology: Topology, name: str) -> list[Grant]:
@@ -85,7 +94,7 @@ def processor_grants(topology: Topology, name: str) -> list[Grant]:
     grants.append(Grant(who, "group", topology.group(name), ("READ", "DESCRIBE")))
     written = [*spec.outputs, *([spec.dlq] if spec.dlq else [])]
     grants += [Grant(who, "topic", t, ("WRITE", "DESCRIBE")) for t in dict.fromkeys(written)]
-    grants.append(Grant(who, "topic", INTERNAL_PREFIX, ("READ", "DESCRIBE"), prefixed=True))
+    grants += _follows_internal(who)
     if spec.exactly_once:
         grants.append(Grant(who, "transactional_id", f"{topology.group(name)}-", ("WRITE", "DESCRIBE"), prefixed=True))
     if spec.kind == CANARY_KIND:
@@ -103,8 +112,13 @@ def gateway_grants(topology: Topology) -> list[Grant]:
     for gateway in topology.gateways.values():
         spec = topology.processors[gateway.processor]
         topics.update(dict.fromkeys([*spec.outputs, *([spec.dlq] if spec.dlq else [])]))
-    return [*(Grant(who, "topic", t, ("WRITE", "DESCRIBE")) for t in topics),
-            Grant(who, "topic", INTERNAL_PREFIX, ("READ", "DESCRIBE"), prefixed=True)]
+    return [*(Grant(who, "topic", t, ("WRITE", "DESCRIBE")) for t in topics), *_follows_internal(who)]
+
+
+def _follows_internal(who: str) -> list[Grant]:
+    """Read ``_tangram.*`` (config center, model registry) with a state-log follower's group."""
+    return [Grant(who, "topic", INTERNAL_PREFIX, ("READ", "DESCRIBE"), prefixed=True),
+            Grant(who, "group", STATELOG_GROUPS, ("READ",), prefixed=True)]
 
 
 def topology_grants(topology: Topology) -> list[Grant]:
@@ -116,6 +130,14 @@ def principals(topology: Topology) -> list[str]:
     """The principals of the app: one per processor, one for its gateways if it declares any."""
     return [processor_principal(topology, n) for n in topology.processors] + (
         [gateway_principal(topology)] if topology.gateways else [])
+
+
+def principal_grants(topology: Topology) -> dict[str, list[Grant]]:
+    """Each principal of the app with its grants (a Strimzi ``KafkaUser`` each)."""
+    out: dict[str, list[Grant]] = {p: [] for p in principals(topology)}
+    for grant in topology_grants(topology):
+        out[grant.principal].append(grant)
+    return out
 
 
 def registry_grants(principal: str, topic: str = SCHEMAS_TOPIC) -> list[Grant]:

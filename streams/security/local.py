@@ -14,16 +14,18 @@ credentials. In docker-compose and Kubernetes the same identities come from secr
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
 
 from streams.errors import StackError
 from streams.security.acls import (
     Grant, acl_bindings, principals, processor_principal, redis_role, redis_rules, registry_grants, topology_grants,
 )
 from streams.security.kafka import KafkaSecurity
-from streams.settings import OPERATOR, StackSettings, revealed
+from streams.settings import OPERATOR, StackSettings
 from streams.topology import Kind, Topology
 
 log = logging.getLogger("tangram.security")
@@ -41,22 +43,30 @@ def principal_security(stack: StackSettings, principal: str) -> KafkaSecurity:
                          ca_file=stack.ca_file)
 
 
+def _identity(stack: StackSettings, principal: str, redis: bool, model_control: bool) -> dict[str, Any]:
+    """The settings that make a process ``principal``: never the operator's (``secure`` off), only what it needs."""
+    identity: dict[str, Any] = {
+        "secure": False, "kafka_security": principal_security(stack, principal),
+        "registry_username": REGISTRY_READER, "registry_password": stack.secrets.get("registry", REGISTRY_READER)}
+    if redis:
+        identity.update(redis_username=principal, redis_password=stack.secrets.get("redis", principal))
+    if model_control:
+        identity["triton_control_key"] = SecretStr(stack.triton_key or "")
+    return identity
+
+
+def settings_as(stack: StackSettings, principal: str, *, redis: bool = False, model_control: bool = False) -> StackSettings:
+    """The settings a process of ``principal`` has on the secured local stack (in-process: a test, a gateway)."""
+    return StackSettings(**{**stack.model_dump(), **_identity(stack, principal, redis, model_control)})
+
+
 def identity_env(stack: StackSettings, principal: str, *, redis: bool = False, model_control: bool = False) -> dict[str, str]:
     """The ``TANGRAM_*`` variables that make a child process ``principal`` on a secured local stack ({} if not secured)."""
     if not stack.secure:
         return {}
-    env = {
-        "TANGRAM_SECURE": "false",  # never the operator's credentials by default: only what is given here
-        "TANGRAM_KAFKA_SECURITY": json.dumps(revealed(principal_security(stack, principal)), default=str),
-        "TANGRAM_REGISTRY_USERNAME": REGISTRY_READER,
-        "TANGRAM_REGISTRY_PASSWORD": stack.secrets.get("registry", REGISTRY_READER).get_secret_value(),
-    }
-    if redis:
-        env.update({"TANGRAM_REDIS_USERNAME": principal,
-                    "TANGRAM_REDIS_PASSWORD": stack.secrets.get("redis", principal).get_secret_value()})
-    if model_control:
-        env["TANGRAM_TRITON_CONTROL_KEY"] = stack.triton_key or ""
-    return env
+    names = {f"TANGRAM_{name.upper()}" for name in _identity(stack, principal, redis, model_control)}
+    return {k: v for k, v in settings_as(stack, principal, redis=redis, model_control=model_control).environ().items()
+            if k in names}
 
 
 def processor_env(stack: StackSettings, topology: Topology, name: str) -> dict[str, str]:
