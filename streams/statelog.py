@@ -66,10 +66,11 @@ class LogRecord:
 class StateTopic:
     """A one-partition compacted topic holding JSON state records."""
 
-    def __init__(self, kafka: KafkaConnection, topic: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, kafka: KafkaConnection, topic: str, timeout_s: float = 10.0, replication_factor: int = 1) -> None:
         self.kafka = kafka
         self.topic = topic
         self.timeout_s = timeout_s
+        self.replication_factor = replication_factor
         self._producer: Producer | None = None
 
     def ensure(self) -> None:
@@ -83,7 +84,8 @@ class StateTopic:
             ) from exc
         if self.topic in metadata.topics:
             return
-        new = NewTopic(self.topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})
+        new = NewTopic(self.topic, num_partitions=1, replication_factor=self.replication_factor,
+                       config={"cleanup.policy": "compact"})
         future = admin.create_topics([new], operation_timeout=self.timeout_s)[self.topic]
         try:
             future.result(timeout=self.timeout_s)

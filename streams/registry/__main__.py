@@ -26,9 +26,10 @@ from streams.security.kafka import KafkaConnection, KafkaSecurity
 log = logging.getLogger("tangram.registry")
 
 
-async def serve(host: str, port: int, kafka: KafkaConnection, topic: str, users: RegistryUsers | None = None) -> None:
+async def serve(host: str, port: int, kafka: KafkaConnection, topic: str, users: RegistryUsers | None = None,
+                replication_factor: int = 1) -> None:
     """Load the registry from Kafka, serve HTTP until SIGTERM/SIGINT."""
-    kafka_log = KafkaLog(kafka, topic)
+    kafka_log = KafkaLog(kafka, topic, replication_factor=replication_factor)
     registry = Registry(kafka_log)
     count = await asyncio.to_thread(registry.load)
     log.info("replayed %d record(s) from %s: %d subject(s)", count, topic, len(registry.state.subjects))
@@ -58,12 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap servers")
     parser.add_argument("--topic", default=TOPIC, help="compacted topic holding the schemas")
     parser.add_argument("--users", type=Path, help="users file (roles, scrypt hashes): require basic auth")
+    parser.add_argument("--replication-factor", type=int, default=1, help="of the topic, when the registry creates it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         kafka = KafkaConnection(args.bootstrap, KafkaSecurity.from_environ(os.environ))
         users = RegistryUsers.load(args.users) if args.users else None
-        asyncio.run(serve(args.host, args.port, kafka, args.topic, users))
+        asyncio.run(serve(args.host, args.port, kafka, args.topic, users, args.replication_factor))
     except TangramError as exc:
         log.error("%s", exc)
         return 1

@@ -24,13 +24,14 @@ TOPIC = "_schemas"
 class KafkaLog:
     """Create, replay and append to the registry topic (one partition, compacted)."""
 
-    def __init__(self, kafka: KafkaConnection, topic: str = TOPIC, timeout_s: float = 30.0) -> None:
+    def __init__(self, kafka: KafkaConnection, topic: str = TOPIC, timeout_s: float = 30.0,
+                 replication_factor: int = 1) -> None:
         self.kafka = kafka
         self.topic = topic
-        self._log = StateTopic(kafka, topic, timeout_s)
+        self._log = StateTopic(kafka, topic, timeout_s, replication_factor)
 
     def ensure_topic(self) -> None:
-        """Create the topic (1 partition, replication 1, cleanup.policy=compact) if it is missing."""
+        """Create the topic (1 partition, compacted, the replication asked for) if it is missing."""
         try:
             self._log.ensure()
         except StateLogError as exc:
