@@ -20,6 +20,10 @@ from streams.security.kafka import KafkaConnection, KafkaSecurity
 from streams.security.secrets import SecretStore
 
 
+#: The operator's principal on a secured local stack: Kafka super user, registry admin, Redis operator.
+OPERATOR = "tangram-operator"
+
+
 def sibling_env(name: str) -> Path:
     """The interpreter of the environment ``name`` beside the running one (``.venv`` → ``.venv-triton``)."""
     return Path(sys.prefix).parent / name / "bin" / "python"
@@ -201,6 +205,3 @@ def redact(url: str) -> str:
         return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
-
-#: The operator's principal on a secured local stack: Kafka super user, registry admin, Redis operator.
-OPERATOR = "tangram-operator"

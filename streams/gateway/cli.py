@@ -64,7 +64,7 @@ def gateway_http(
     from streams.gateway.http import HttpGatewaySettings, serve
 
     overrides = {k: v for k, v in {"port": port, "host": host}.items() if v is not None}
-    stack = StackSettings()
+    stack = _gateway_stack(topology)
     _metrics(metrics_port, stack)
     serve(topology, stream, stack, HttpGatewaySettings(**overrides))
 
@@ -81,9 +81,29 @@ def gateway_mqtt(
     from streams.gateway.mqtt import MqttGatewaySettings, serve
 
     overrides = {k: v for k, v in {"host": broker_host, "port": broker_port}.items() if v is not None}
-    stack = StackSettings()
+    stack = _gateway_stack(topology)
+    settings = MqttGatewaySettings(**overrides)
+    operator = StackSettings()
+    if operator.secure and settings.username is None:  # its broker user, as `tangram gateway mqtt-auth` wrote it
+        from streams.security.acls import gateway_principal
+        from streams.topology import load_topology
+
+        user = gateway_principal(load_topology(topology))
+        settings = MqttGatewaySettings(**overrides, username=user, password=operator.secrets.get("mqtt", user))
     _metrics(metrics_port, stack)
-    serve(topology, stream, stack, MqttGatewaySettings(**overrides))
+    serve(topology, stream, stack, settings)
+
+
+def _gateway_stack(topology: Path) -> StackSettings:
+    """The gateway's settings: on a secured local stack, the app's gateway principal, never the operator."""
+    stack = StackSettings()
+    if not stack.secure:
+        return stack
+    from streams.security.acls import gateway_principal
+    from streams.security.local import settings_as
+    from streams.topology import load_topology
+
+    return settings_as(stack, gateway_principal(load_topology(topology)))
 
 
 def _metrics(port: int | None, stack: StackSettings) -> None:

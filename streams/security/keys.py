@@ -43,7 +43,7 @@ class ApiKey(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    identity: str = Field(pattern=_IDENTITY.pattern, description="Who the key proves (a client, a tenant, a site).")
+    identity: str = Field(pattern=f"^{_IDENTITY.pattern}$", description="Who the key proves (a client, a tenant, a site).")
     app: str = Field(min_length=1, description="The app whose gateways accept it.")
     streams: list[str] = Field(min_length=1, description="The gateway streams it may write.")
     secret_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the key's secret (hex).")
