@@ -166,7 +166,7 @@ class StackSettings(BaseSettings):
         """The ``TANGRAM_*`` variables that give a child process these settings, secrets included.
 
         A child that must act as another principal (a processor launched on a secured stack) gets
-        its own identity on top (:func:`streams.security.identity.identity_env`).
+        its own identity on top (:func:`streams.security.local.identity_env`).
         """
         env = {}
         for name, value in self.model_dump().items():

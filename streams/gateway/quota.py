@@ -55,33 +55,24 @@ class Quotas:
             self._buckets.move_to_end(key)
         return buckets
 
+    def _charge(self, bucket: TokenBuckets | None, quota: str, identity: str, n: int, take: bool = True) -> float:
+        """0.0 when ``n`` tokens are there (taken unless ``take`` is off), else the seconds to wait; counted."""
+        wait = float("inf") if bucket is None else bucket.shortfall(identity, n, self.clock())
+        if wait > 0:
+            THROTTLED.labels(self.gateway, quota).inc()
+            return wait
+        if take:
+            bucket.take(identity, n)  # type: ignore[union-attr]  # not None when there is no wait
+        return 0.0
+
     def exhausted(self, identity: str, limits: Limits) -> float:
         """Seconds until the identity has a token again (0.0: it has one now); takes nothing."""
-        rate, _ = self._of(identity, limits)
-        wait = rate.shortfall(identity, 1, self.clock())
-        if wait > 0:
-            THROTTLED.labels(self.gateway, "rate").inc()
-        return wait
+        return self._charge(self._of(identity, limits)[0], "rate", identity, 1, take=False)
 
     def admit(self, identity: str, limits: Limits, readings: int) -> float:
         """Charge ``readings`` to the identity's rate: 0.0 when taken, else the seconds to wait (inf: over the burst)."""
-        rate, _ = self._of(identity, limits)
-        wait = rate.shortfall(identity, readings, self.clock())
-        if wait > 0:
-            THROTTLED.labels(self.gateway, "rate").inc()
-            return wait
-        rate.take(identity, readings)
-        return 0.0
+        return self._charge(self._of(identity, limits)[0], "rate", identity, readings)
 
     def dead_letters(self, identity: str, limits: Limits, count: int) -> float:
-        """Charge ``count`` dead letters to the identity's budget: 0.0 when they may be written, else the wait."""
-        _, dlq = self._of(identity, limits)
-        if dlq is None:
-            THROTTLED.labels(self.gateway, "dlq_budget").inc()
-            return float("inf")
-        wait = dlq.shortfall(identity, count, self.clock())
-        if wait > 0:
-            THROTTLED.labels(self.gateway, "dlq_budget").inc()
-            return wait
-        dlq.take(identity, count)
-        return 0.0
+        """Charge ``count`` dead letters to the identity's budget (none: no budget at all): 0.0, else the wait."""
+        return self._charge(self._of(identity, limits)[1], "dlq_budget", identity, count)

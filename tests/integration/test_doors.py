@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import getpass
 import json
-import shutil
-import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -41,7 +39,7 @@ from streams.security.local import REGISTRY_READER, settings_as
 from streams.settings import OPERATOR
 from streams.topology import load_topology
 
-from gateway_helpers import free_port
+from gateway_helpers import free_port, mosquitto
 from isolation import isolated_topology
 
 pytestmark = pytest.mark.integration
@@ -280,33 +278,14 @@ def test_the_http_gateway_wants_a_valid_key_for_the_stream(secured_stack, app):
 @pytest.fixture
 def secured_mosquitto(app, secured_stack, tmp_path) -> Iterator[tuple[int, dict[str, str]]]:
     """Mosquitto with the app's generated password and ACL files; yields its port and the passwords."""
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    if not Path(binary).is_file():
-        pytest.fail("mosquitto is not installed; `make system-deps` installs it", pytrace=False)
     port = free_port()
-    passwords = {gateway_principal(app): uuid.uuid4().hex, "dev-1": uuid.uuid4().hex, "dev-2": uuid.uuid4().hex}
     gateway = gateway_principal(app)
+    passwords = {gateway: uuid.uuid4().hex, "dev-1": uuid.uuid4().hex, "dev-2": uuid.uuid4().hex}
     devices = {u: p for u, p in passwords.items() if u != gateway}
-    import getpass
-
     files = write_broker_files(app, tmp_path / "mqtt", gateway, passwords[gateway], devices,
                                listener=f"{port} 127.0.0.1", run_as=getpass.getuser())
-    log = (tmp_path / "mosquitto.log").open("wb")
-    proc = subprocess.Popen([binary, "-c", str(files.conf)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"mosquitto did not start: {(tmp_path / 'mosquitto.log').read_text()}")
-                time.sleep(0.05)
+    with mosquitto(files.conf, port):
         yield port, passwords
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def mqtt_client(port: int, user: str | None, password: str | None) -> tuple[mqtt.Client, dict]:

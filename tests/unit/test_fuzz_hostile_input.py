@@ -21,7 +21,6 @@ import uuid
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from hypothesis import HealthCheck, given, settings
