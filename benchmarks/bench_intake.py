@@ -138,7 +138,7 @@ def through_app(stack: StackSettings, documents) -> tuple[float, list[float], in
         while len(decided) < len(records) and time.monotonic() < deadline:
             for topic in ("intake.actions.approve", "intake.actions.review", "intake.actions.reject"):
                 target = app.topic(topic)
-                for msg in read_rows(stack.bootstrap_servers, target, None, app.topology.partitions(target),
+                for msg in read_rows(stack.kafka, target, None, app.topology.partitions(target),
                                      idle_s=1.0, timeout_s=5.0):
                     decided.setdefault(msg.key().decode(), float(msg.timestamp()[1]))
         elapsed_s = (max(decided.values(), default=started_ms) - started_ms) / 1000

@@ -48,6 +48,8 @@ DEFAULT_TIMEOUT_S = 2.0
 #: Default deadline of one model load: Triton starts each instance of each version (a Python-backend
 #: stub process on the local CPU Triton, about 1-2 s each here) before it answers.
 DEFAULT_LOAD_TIMEOUT_S = 60.0
+#: The header Triton's restricted model-repository protocol checks (``--grpc-restricted-protocol``).
+CONTROL_HEADER = "tangram-model-control"
 
 
 def _channel_args() -> list[tuple[str, Any]]:
@@ -357,16 +359,22 @@ class ModelRepository:
 
     Every call has a deadline (``timeout_s``; ``load_timeout_s`` for a load); a server that does not
     answer raises InferenceUnavailableError, a refused load InferenceError with Triton's reason.
+
+    A Triton that restricts its model-repository protocol (``--grpc-restricted-protocol``, the
+    secured stack) wants ``control_key`` in the ``tangram-model-control`` header of those calls.
     """
 
     def __init__(
-        self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+        self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+        *, control_key: str | None = None,
     ) -> None:
         if timeout_s <= 0 or load_timeout_s <= 0:
             raise ValueError("timeout_s and load_timeout_s must be positive")
         self.url = url
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
+        # Triton's gRPC endpoint names a restricted protocol's header with this prefix
+        self.headers = {f"triton-grpc-protocol-{CONTROL_HEADER}": control_key} if control_key else None
         self._client: grpcclient.InferenceServerClient | None = None
 
     def _grpc(self) -> grpcclient.InferenceServerClient:
@@ -387,7 +395,8 @@ class ModelRepository:
     async def index(self) -> list[VersionState]:
         """Every model version Triton knows of (loaded, loading, unloaded, failed), with its state."""
         try:
-            response = await self._grpc().get_model_repository_index(as_json=True, client_timeout=self.timeout_s)
+            response = await self._grpc().get_model_repository_index(as_json=True, headers=self.headers,
+                                                                   client_timeout=self.timeout_s)
         except InferenceServerException as exc:
             raise self._error(None, "reading the repository index", exc, self.timeout_s) from None
         return [
@@ -416,7 +425,8 @@ class ModelRepository:
             config["version_policy"] = {"specific": {"versions": wanted}}
         try:
             await self._grpc().load_model(
-                model, config=None if config is None else json.dumps(config), client_timeout=self.load_timeout_s
+                model, config=None if config is None else json.dumps(config), headers=self.headers,
+                client_timeout=self.load_timeout_s,
             )
         except InferenceServerException as exc:
             raise self._error(model, action, exc, self.load_timeout_s) from None
@@ -446,7 +456,7 @@ class ModelRepository:
     async def unload(self, model: str) -> None:
         """Unload every version of ``model`` (Triton finishes the requests in flight first)."""
         try:
-            await self._grpc().unload_model(model, client_timeout=self.timeout_s)
+            await self._grpc().unload_model(model, headers=self.headers, client_timeout=self.timeout_s)
         except InferenceServerException as exc:
             raise self._error(model, "unloading", exc, self.timeout_s) from None
         LOGGER.info("model '%s' at %s: unloaded", model, self.url)

@@ -29,6 +29,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from streams.errors import StackError
+from streams.security.local import processor_env
 from streams.settings import StackSettings
 from streams.topology import Topology, load_topology
 
@@ -78,7 +79,7 @@ class Processors:
         self.names = names or list(self.topology.processors)
         self.procs: dict[tuple[str, int], subprocess.Popen] = {}
         self.ports: dict[tuple[str, int], int] = {}
-        self.admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        self.admin = AdminClient(stack.kafka.config())
 
     def __enter__(self) -> "Processors":
         return self
@@ -96,8 +97,8 @@ class Processors:
         self.stack.logs_dir.mkdir(parents=True, exist_ok=True)
         suffix = f"-{replica}" if self.topology.processors[name].replicas > 1 else ""
         log = (self.stack.logs_dir / f"processor-{name}{suffix}.log").open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.update({f"TANGRAM_{k.upper()}": str(v) for k, v in self.stack.model_dump().items() if v is not None})
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.stack.environ()}
+        env.update(processor_env(self.stack, self.topology, name))  # its own principal on a secured stack
         command = [sys.executable, "-m", "streams", "run", str(self.topology_path), name]
         port = self._metrics_port(name, replica)
         if port:

@@ -263,6 +263,9 @@ class Topology(_Model):
                 raise ValueError(f"topic {topic!r}: no schema file {self.schema_path(spec.schema_)}")
         for name, upload in self.uploads.items():
             self._check_upload(name, upload)
+        if shared := sorted(set(self.uploads) & set(self.gateways)):
+            raise ValueError(f"{', '.join(shared)}: both a gateway stream and an upload; an API key names what it may "
+                             "write by that name, so give them different names")
         if self.simulator:
             for topic in (self.simulator.source, self.simulator.truth):
                 if topic and topic not in self.topics:

@@ -49,6 +49,7 @@ from streams.rules.degradation import GoldenSignals, LevelController
 from streams.rules.engine import CompiledRule, RuleBook, action_id
 from streams.rules.fusion import Fused, Fusion
 from streams.rules.spec import Level, RuleSpec, RuleSetValue, RulesSettings
+from streams.security.kafka import KafkaConnection
 
 log = logging.getLogger("tangram.rules")
 
@@ -76,7 +77,7 @@ class RuleProcessor(Processor):
 
     def __init__(self, *, input_codecs: dict[str, AvroCodec], output_codecs: dict[str, AvroCodec], dlq_topic: str,
                  redis_url: str, settings: RulesSettings, app: str, processor: str = "rules",
-                 bootstrap_servers: str | None = None, online: FeastLayout | None = None):
+                 kafka: KafkaConnection | None = None, online: FeastLayout | None = None):
         self.name = processor
         self.input_codecs = input_codecs
         self.prediction_topics = {t for t, c in input_codecs.items() if _has_field(c, "model_name")}
@@ -87,7 +88,7 @@ class RuleProcessor(Processor):
         self.settings = settings
         self.entity, self.time = settings.entity_field, settings.time_field
         self.app = app
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka
         try:
             self.topics = settings.topics(list(output_codecs))  # action type or topic → topic
             self.safe_topic = settings.safe_topic(list(output_codecs))
@@ -123,18 +124,18 @@ class RuleProcessor(Processor):
         return cls(input_codecs={t: ctx.codec(t) for t in ctx.spec.inputs},
                    output_codecs={t: ctx.codec(t) for t in ctx.spec.outputs}, dlq_topic=ctx.dlq,
                    redis_url=ctx.stack.redis_url, settings=settings,
-                   app=ctx.topology.app, processor=ctx.name, bootstrap_servers=ctx.stack.bootstrap_servers,
+                   app=ctx.topology.app, processor=ctx.name, kafka=ctx.stack.kafka,
                    online=online)
 
     # -- lifecycle ---------------------------------------------------------------------
     def setup(self) -> None:
         self.redis.ping()
-        if self.settings.live_config and self.bootstrap_servers:
+        if self.settings.live_config and self.kafka:
             from streams.config_center import ConfigSubscriber
             from streams.statelog import StateTopic
 
-            StateTopic(self.bootstrap_servers, self.settings.config_topic).ensure()  # a fresh stack has none yet
-            self.config = ConfigSubscriber(self.bootstrap_servers, self.settings.config_topic, name=self.name,
+            StateTopic(self.kafka, self.settings.config_topic).ensure()  # a fresh stack has none yet
+            self.config = ConfigSubscriber(self.kafka, self.settings.config_topic, name=self.name,
                                            namespaces=["business-rule", "feature-switch"])
             self.config.on_change(lambda applied: self._on_config(applied.version))
             self.config.start()

@@ -23,6 +23,7 @@ from PIL import Image
 from intake_app.generator import Conditions, Document, Generator
 from reference import INTAKE
 from streams.config_center import ConfigCenter
+from streams.security import keys
 from streams.gateway.upload import UploadGatewaySettings, build_app
 from streams.lifecycle.repository import build_models, install_models, model_dirs
 from streams.payloads import PayloadStore
@@ -57,14 +58,18 @@ def _app_copy(tmp_path, prefix: str):
     return path, config_topic
 
 
-def _upload(app: AppHarness, stack, doc: Document, desk: str) -> dict:
-    """The seeds' `curl -F image=@card.png -H "X-Device-ID: ..."` against the upload gateway on the harness's topics."""
+def _upload(app: AppHarness, stack, doc: Document, desk: str, key: str, config_topic: str) -> dict:
+    """The seeds' `curl -F image=@card.png -H "X-Device-ID: ..."` against the upload gateway on the harness's
+    topics, with the desk's API key."""
+    settings = UploadGatewaySettings(config_topic=config_topic)
+
     async def run() -> dict:
-        async with TestClient(TestServer(build_app(app.topology, stack, UploadGatewaySettings()))) as client:
+        async with TestClient(TestServer(build_app(app.topology, stack, settings))) as client:
             form = aiohttp.FormData()
             form.add_field("image", doc.image, filename=f"{doc.doc_id}.png", content_type=doc.content_type)
             response = await client.post("/v1/uploads/documents", data=form,
-                                         headers={"X-Device-ID": desk, "X-Request-ID": doc.doc_id})
+                                         headers={"X-Device-ID": desk, "X-Request-ID": doc.doc_id,
+                                                  "Authorization": f"Bearer {key}"})
             assert response.status == 202, await response.text()
             return await response.json()
 
@@ -122,9 +127,10 @@ def test_documents_are_read_checked_decided_and_degraded_live(ocr_models, tmp_pa
     cmyk = replace(g.document(4, kind="business_licence", forged=False, expired=False, conditions=clean),
                    doc_id=f"{prefix}-cmyk")
     with AppHarness(path, stack, prefix=prefix) as app:
-        answer = _upload(app, stack, card, "counter-07")
+        desk = keys.create(ConfigCenter(stack.kafka, config_topic), "counter-07", prefix, ["documents"]).token
+        answer = _upload(app, stack, card, "counter-07", desk, config_topic)
         assert answer["id"] == card.doc_id and answer["stored"] in ("inline", "reference")
-        _upload(app, stack, forged, "counter-07")
+        _upload(app, stack, forged, "counter-07", desk, config_topic)
         _send(app, stack, expired)
         _send(app, stack, cmyk, _cmyk(cmyk))
         _send(app, stack, replace(card, doc_id=f"{prefix}-pdf"), b"%PDF-1.4 a scan saved as PDF")
@@ -149,7 +155,7 @@ def test_documents_are_read_checked_decided_and_degraded_live(ocr_models, tmp_pa
 
         # L2 from the config center, no restart: OCR stops, a re-scan of the approved card is matched in the
         # gallery, a document never seen goes to a person
-        center = ConfigCenter(stack.bootstrap_servers, config_topic)
+        center = ConfigCenter(stack.kafka, config_topic)
         _switch(app, stack, center, "L2", {"gallery_match", "no_gallery_match"}, g, prefix)
         rescan = replace(g.document(1, kind="id_card", forged=False, expired=False,
                                     conditions=Conditions(noise=6, light=0.85, jpeg_quality=90)), doc_id=f"{prefix}-rescan")

@@ -1,7 +1,8 @@
 """The upload gateway (streams.gateway.upload) without a broker: a multipart file in, the record it would produce.
 
 The app's declaration is the document-intake app's own (``uploads:`` of its topology); the sink and the
-codec are stand-ins that keep what they are given.
+codec are stand-ins that keep what they are given; the keys are a key ring over a dict, as the config
+center would hold them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,20 @@ from streams.delivery import Output
 from streams.gateway.errors import GatewayError
 from streams.gateway.upload import Upload, UploadGatewaySettings, make_app
 from streams.payloads import PayloadStore
+from streams.security.keys import KeyRing, new_key
 from streams.topology import Topology, load_topology
+
+#: A key allowed to upload documents, one allowed only a gateway stream, and one at one upload a minute.
+UPLOADER = new_key("counter-07", "intake", ["documents"])
+STREAM_ONLY = new_key("sensor-site", "intake", ["scans"])
+SLOW = new_key("slow-client", "intake", ["documents"], rate_per_s=1 / 60, burst=1)
+
+
+class Keys:
+    """The config center's keys namespace, as a key ring reads it."""
+
+    def get(self, namespace, key, default=None):
+        return {k.key_id: k.record.model_dump() for k in (UPLOADER, STREAM_ONLY, SLOW)}.get(key, default)
 
 
 class KeptCodec:
@@ -43,24 +57,33 @@ class KeptSink:
 
 
 def post(tmp_path, parts: dict[str, Any], headers: dict[str, str], *, sink: KeptSink | None = None,
-         inline_max_bytes: int = 100, content_type: str | None = None) -> tuple[int, dict, KeptSink, KeptCodec]:
+         inline_max_bytes: int = 100, content_type: str | None = None, key=UPLOADER, times: int = 1,
+         name: str = "documents") -> tuple[int, dict, KeptSink, KeptCodec]:
+    """POST the parts ``times`` with ``key`` (None: none shown); the last answer."""
     spec = load_topology(INTAKE).uploads["documents"]
     codec, sink = KeptCodec(), sink or KeptSink()
     upload = Upload("documents", spec, codec, PayloadStore(tmp_path, inline_max_bytes))  # type: ignore[arg-type]
+    if key is not None:
+        headers = {**headers, "Authorization": f"Bearer {key.token}"}
+    app = make_app("intake", {"documents": upload}, sink, UploadGatewaySettings(), KeyRing(Keys()))
 
     async def run() -> tuple[int, dict]:
-        async with TestClient(TestServer(make_app({"documents": upload}, sink, UploadGatewaySettings()))) as client:
-            if content_type:
-                response = await client.post("/v1/uploads/documents", data=b"x", headers={**headers, "Content-Type": content_type})
-            else:
-                form = aiohttp.FormData()
-                for name, (data, filename, kind) in parts.items():
-                    form.add_field(name, data, filename=filename, content_type=kind)
-                response = await client.post("/v1/uploads/documents", data=form, headers=headers)
+        async with TestClient(TestServer(app)) as client:
+            for _ in range(times):
+                response = await send(client)
             return response.status, await response.json()
+
+    async def send(client: TestClient) -> aiohttp.ClientResponse:
+        if content_type:
+            return await client.post(f"/v1/uploads/{name}", data=b"x", headers={**headers, "Content-Type": content_type})
+        form = aiohttp.FormData()
+        for part, (data, filename, kind) in parts.items():
+            form.add_field(part, data, filename=filename, content_type=kind)
+        return await client.post(f"/v1/uploads/{name}", data=form, headers=headers)
 
     status, body = asyncio.run(run())
     return status, body, sink, codec
+
 
 
 def test_a_curl_style_upload_becomes_one_keyed_record_with_the_ingest_headers(tmp_path):
@@ -92,6 +115,32 @@ def test_a_file_over_the_inline_limit_is_stored_and_referenced(tmp_path):
 def test_refusals_say_why_and_write_nothing(tmp_path, parts, headers, content_type, status, error):
     got, body, sink, _ = post(tmp_path, parts, headers, content_type=content_type)
     assert (got, body["error"]) == (status, error) and sink.outputs == []
+
+
+@pytest.mark.parametrize("key, name, status, error", [
+    (None, "documents", 401, "unauthorized"),  # no key shown
+    (STREAM_ONLY, "documents", 403, "forbidden"),  # a key for the app's gateway stream, not its upload
+    (None, "nope", 401, "unauthorized"),  # an unknown upload is not even named to a caller without a key
+    (UPLOADER, "nope", 404, "unknown_upload"),
+])
+def test_only_a_key_allowed_to_write_the_upload_gets_in(tmp_path, key, name, status, error):
+    got, body, sink, _ = post(tmp_path, {"image": (b"x", "a.png", "image/png")}, {"X-Device-ID": "c1"}, key=key,
+                              name=name)
+    assert (got, body["error"]) == (status, error) and sink.outputs == []
+
+
+def test_a_key_over_its_rate_is_told_when_to_come_back_and_nothing_more_is_written(tmp_path):
+    status, body, sink, _ = post(tmp_path, {"image": (b"x", "a.png", "image/png")}, {"X-Device-ID": "c1"}, key=SLOW,
+                                 times=2)
+    assert (status, body["error"]) == (429, "rate_limited") and len(sink.outputs) == 1
+
+
+def test_auth_none_is_a_choice_made_on_purpose(tmp_path):
+    spec = load_topology(INTAKE).uploads["documents"]
+    upload = Upload("documents", spec, KeptCodec(), PayloadStore(tmp_path, 100))  # type: ignore[arg-type]
+    with pytest.raises(GatewayError, match="key ring"):
+        make_app("intake", {"documents": upload}, KeptSink(), UploadGatewaySettings(), None)
+    assert make_app("intake", {"documents": upload}, KeptSink(), UploadGatewaySettings(auth="none"), None) is not None
 
 
 def test_a_broker_that_does_not_acknowledge_is_a_503_to_retry(tmp_path):

@@ -147,7 +147,7 @@ class Ocr(Stage):
         self.contracts = {m: ModelContract.from_config(repository / m) for m in (DET, REC, CLS)}
         self.characters = read_characters(repository / REC)
         self.url = ctx.stack.triton_grpc_url
-        self.bootstrap = ctx.stack.bootstrap_servers
+        self.kafka = ctx.stack.kafka
         self.payloads = PayloadStore.of(ctx.topology, ctx.stack)
         self.levels = LevelController(DegradationSpec(triggers=self.settings.triggers, window_s=self.settings.signal_window_s),
                                       ctx.name)
@@ -164,8 +164,8 @@ class Ocr(Stage):
             from streams.config_center import ConfigSubscriber
             from streams.statelog import StateTopic
 
-            StateTopic(self.bootstrap, self.settings.config_topic).ensure()
-            self.config = ConfigSubscriber(self.bootstrap, self.settings.config_topic, name=self.name,
+            StateTopic(self.kafka, self.settings.config_topic).ensure()
+            self.config = ConfigSubscriber(self.kafka, self.settings.config_topic, name=self.name,
                                            namespaces=["feature-switch"])
             self.config.start()
 
