@@ -51,20 +51,16 @@ def compose_service(kind: Kind) -> str:
     return f"gateway-{kind}"
 
 
-def gateway_command(kind: Kind, app_path: str, streams: list[str], *, metrics_port: int,
-                    broker: tuple[str, int] | None = None) -> list[str]:
+def gateway_command(kind: Kind, app_path: str, streams: list[str], *, metrics_port: int) -> list[str]:
     """The ``tangram`` arguments of gateway process ``kind`` in a container: listening on every interface of
-    it at its default port (HTTP gateways), subscribed to ``broker`` (the MQTT adapter's ``(host, port)``),
-    its metrics on ``metrics_port``. ``streams``: what :func:`gateway_processes` gave it (the upload gateway
-    serves every upload, so takes none)."""
+    it at its default port (HTTP gateways), its metrics on ``metrics_port``. ``streams``: what
+    :func:`gateway_processes` gave it (the upload gateway serves every upload, so takes none). The MQTT
+    adapter's broker and its user there come from the environment (``TANGRAM_MQTT_HOST``, ``_PORT``,
+    ``_USERNAME``, ``_PASSWORD``), so the command is the same wherever the broker is."""
     args = ["gateway", kind, app_path]
     if kind != "upload":
         for stream in streams:
             args += ["--stream", stream]
-    if kind == "mqtt":
-        if broker is None:
-            raise ValueError("the MQTT adapter needs its broker's (host, port)")
-        args += ["--broker-host", broker[0], "--broker-port", str(broker[1])]
-    else:
+    if kind != "mqtt":
         args += ["--host", "0.0.0.0", "--port", str(LISTEN_PORTS[kind])]
     return [*args, "--metrics-port", str(metrics_port)]
