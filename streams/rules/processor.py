@@ -28,9 +28,11 @@ rule-set version.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import OrderedDict
+from functools import lru_cache
 from typing import Any
 
 import redis
@@ -81,6 +83,9 @@ class RuleProcessor(Processor):
         self.name = processor
         self.input_codecs = input_codecs
         self.prediction_topics = {t for t, c in input_codecs.items() if _has_field(c, "model_name")}
+        # what a prediction carries itself: a rule reading only these needs no online-store read
+        self.prediction_fields = frozenset(f.get("name") for t in self.prediction_topics
+                                           for f in input_codecs[t].schema_json.get("fields", []))
         if not self.prediction_topics:
             raise TopologyError(f"rule processor {processor!r}: no input carries predictions (a `model_name` field)")
         self.output_codecs = output_codecs
@@ -110,6 +115,7 @@ class RuleProcessor(Processor):
         self._last_fired: dict[tuple[str, str], int] = {}  # (entity, action) → time of the last firing
         self._fired_windows: dict[tuple[str, str], int] = {}  # (entity, rule) → time it last fired on
         self._decided: OrderedDict[tuple[str, int], bool] = OrderedDict()  # entity window → decided by the model?
+        self._reads: dict[tuple[CompiledRule, ...], FeastLayout | None] = {}  # rules → the online fields they read
         self._lock = threading.Lock()
         self._next_book: RuleBook | None = None
         self._next_manual: Level | None = None
@@ -196,6 +202,7 @@ class RuleProcessor(Processor):
         if book is not None:
             log.info("%s: rule set %s → %s (%d rules)", self.name, self.book.source, book.source, len(book.rules))
             self.book = book
+            self._reads.clear()
             RELOADS.labels(self.name, "applied").inc()
             RULE_SET_VERSION.labels(self.name).set(book.version)
         if manual is not None and manual != self.levels.manual:
@@ -290,9 +297,10 @@ class RuleProcessor(Processor):
             return []
         rules = self.book.at(level)
         online: list[dict] = [{}] * len(items)
-        if with_online and rules and self.features_layout is not None:
+        reads = self._online_reads(rules) if with_online else None
+        if reads is not None:
             entities = list(dict.fromkeys(v[self.entity] for _, v, _ in items))  # one read per entity and batch
-            by_entity = dict(zip(entities, read_online_features(self.redis, entities, self.features_layout)))
+            by_entity = dict(zip(entities, read_online_features(self.redis, entities, reads)))
             online = [by_entity[v[self.entity]] for _, v, _ in items]
         outputs = []
         # every symbol a rule reads is present (null when unknown): rule-engine's slow path for an
@@ -305,25 +313,39 @@ class RuleProcessor(Processor):
                 try:
                     matched = rule.matches(context)
                 except rule_engine.EngineError:
-                    UNEVALUABLE.labels(self.name, rule.spec.name).inc()
+                    _child(UNEVALUABLE, self.name, rule.spec.name).inc()
                     continue
                 if not matched:
                     continue
                 if rule.spec.action in fired_types:
-                    SUPPRESSED.labels(self.name, rule.spec.name, "priority").inc()
+                    _child(SUPPRESSED, self.name, rule.spec.name, "priority").inc()
                     continue
                 fired_types.add(rule.spec.action)
                 if (out := self._fire(rule, record, value, context, level, missing)) is not None:
                     outputs.append(out)
         return outputs
 
+    def _online_reads(self, rules: tuple[CompiledRule, ...]) -> FeastLayout | None:
+        """The online-store layout narrowed to the features ``rules`` read that a prediction does not carry
+        (None: nothing to read). A row is read whole only when the rules read all of it."""
+        if rules not in self._reads:
+            layout = self.features_layout
+            needed = {s for r in rules for s in r.symbols} - self.prediction_fields
+            if layout is None or not needed & set(layout.fields):
+                self._reads[rules] = None
+            else:
+                self._reads[rules] = dataclasses.replace(
+                    layout, int_fields=tuple(f for f in layout.int_fields if f in needed or f == layout.event_time_field),
+                    double_fields=tuple(f for f in layout.double_fields if f in needed))
+        return self._reads[rules]
+
     def _held_back(self, name: str, action: str, entity: str, end: int, cooldown_ms: int) -> bool:
         if self._fired_windows.get((entity, name)) == end:
-            SUPPRESSED.labels(self.name, name, "duplicate").inc()
+            _child(SUPPRESSED, self.name, name, "duplicate").inc()
             return True
         last = self._last_fired.get((entity, action))
         if last is not None and 0 <= end - last < cooldown_ms:
-            SUPPRESSED.labels(self.name, name, "cooldown").inc()
+            _child(SUPPRESSED, self.name, name, "cooldown").inc()
             return True
         self._last_fired[(entity, action)] = end
         self._fired_windows[(entity, name)] = end
@@ -382,9 +404,15 @@ class RuleProcessor(Processor):
         for name in self.carried[topic]:
             if name not in action and name in value:
                 action[name] = value[name]
-        FIRED.labels(self.name, rule, level).inc()
+        _child(FIRED, self.name, rule, level).inc()
         headers = carry_headers(record, **{H_EVENT_ID: action["event_id"]})
         return Output(topic, entity, self.output_codecs[topic].encode(action), headers)
+
+
+@lru_cache(maxsize=4096)
+def _child(metric: Counter, *labels: str) -> Any:
+    """A counter's child for ``labels``, looked up once (``labels()`` costs microseconds on the hot path)."""
+    return metric.labels(*labels)
 
 
 def _has_field(codec: AvroCodec, name: str) -> bool:
