@@ -346,7 +346,7 @@ def deploy_k8s(
     app_path: Optional[str] = typer.Option(None, help="The app inside the image; default /app/topologies/<name>."),
     kafka_cluster: str = typer.Option("tangram", help="The Strimzi Kafka cluster the topics belong to."),
 ) -> None:
-    """Render a Helm chart: a Deployment per processor, lag autoscaling, KafkaTopics, Triton, registry, Redis."""
+    """Render a Helm chart: a Deployment per processor and gateway, lag autoscaling, KafkaTopics, Triton, registry, Redis."""
     from rich.console import Console
 
     from streams.deploy import ChartSettings, render_chart

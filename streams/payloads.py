@@ -93,3 +93,21 @@ class PayloadStore:
         if not reference:
             raise PayloadError(f"the record carries neither {field!r} nor {field + '_ref'!r}")
         return self.get(reference)
+
+
+def reference_fields(schema: Mapping[str, Any]) -> list[str]:
+    """The fields ``X`` of an Avro record schema that may travel by reference: a ``bytes`` ``X`` beside a
+    string ``X_ref``."""
+    def types(declared: Any) -> set[str]:
+        return {t if isinstance(t, str) else t.get("type") for t in (declared if isinstance(declared, list) else [declared])}
+
+    fields = {f["name"]: types(f["type"]) for f in schema.get("fields", [])}
+    return [name for name, kinds in fields.items() if "bytes" in kinds and "string" in fields.get(f"{name}_ref", set())]
+
+
+def payload_processors(topology: Topology) -> list[str]:
+    """The processors that read or write payloads by reference: an input or output topic's contract has a
+    reference field. They, and the upload gateway, share the store (one volume in Kubernetes)."""
+    carrying = {topic for topic, spec in topology.topics.items()
+                if spec.schema_ and reference_fields(topology.schema(spec.schema_))}
+    return [name for name, spec in topology.processors.items() if carrying & {*spec.inputs, *spec.outputs}]

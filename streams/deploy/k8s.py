@@ -25,17 +25,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from streams import __version__
 from streams.errors import TangramError, TopologyError
+from streams.gateway.health import HEALTH_PATH
+from streams.gateway.processes import LISTEN_PORTS, gateway_processes
 from streams.monitor.dashboards import DASHBOARDS, PROCESSOR_METRICS_PORT, dashboard_json
+from streams.payloads import payload_processors
 from streams.security.acls import (
-    principal_grants, processor_principal, registry_grants, strimzi_acls,
+    gateway_principal, principal_grants, processor_principal, registry_grants, strimzi_acls,
 )
 from streams.security.local import REGISTRY_PRINCIPAL, REGISTRY_READER
 from streams.settings import OPERATOR
-from streams.topology import ProcessorSpec, Topology
+from streams.topology import PayloadsSpec, ProcessorSpec, Topology
 
 TEMPLATES = importlib.resources.files("streams.deploy") / "chart" / "templates"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.01-py3"      # docker-compose.yml's
 REDIS_IMAGE = "redis:7"                                    # docker-compose.yml's
+IMAGE_HOME = "/var/lib/tangram"                            # the Dockerfile's TANGRAM_HOME
 
 
 class ChartSettings(BaseModel):
@@ -49,6 +53,9 @@ class ChartSettings(BaseModel):
     lag_threshold: int = Field(1000, ge=1, description="Consumer lag per replica at which KEDA adds one.")
     memory_request: str = Field("256Mi", description="Each processor replica's memory request.")
     memory_limit: str = Field("1Gi", description="Each processor replica's memory limit.")
+    mqtt_broker: str = Field("mosquitto:1883", description="`host:port` of the MQTT broker the MQTT adapter "
+                                                        "subscribes to (yours: the chart runs none).")
+    payload_size: str = Field("10Gi", description="The payload store's claim (ReadWriteMany).")
     kafka_security: bool = Field(True, description="SASL_SSL (SCRAM-SHA-512) with a KafkaUser and ACLs per "
                                                    "processor; off: PLAINTEXT, no users.")
 
@@ -56,6 +63,37 @@ class ChartSettings(BaseModel):
 def _scales_with_partitions(topology: Topology, spec: ProcessorSpec) -> bool:
     """A processor that declares itself a singleton (the canary job decides per model) runs as one replica."""
     return not topology.load_object(spec.kind).singleton
+
+
+def _gateway_values(topology: Topology, settings: ChartSettings) -> dict:
+    """The app's gateway processes: the HTTP ones with a port, a Service and an HPA on CPU, the MQTT adapter
+    with its broker and the Secret of its password there."""
+    resources = {"requests": {"cpu": "250m", "memory": settings.memory_request},
+                 "limits": {"cpu": "1", "memory": settings.memory_limit}}
+    out: dict = {"principal": gateway_principal(topology), "healthPath": HEALTH_PATH}
+    for kind, streams in gateway_processes(topology).items():
+        if kind == "mqtt":
+            host, _, port = settings.mqtt_broker.rpartition(":")
+            out[kind] = {"enabled": True, "streams": streams, "broker": {"host": host, "port": int(port)},
+                         "passwordSecret": {"name": f"{topology.app}-mqtt-gateway", "key": "password"},
+                         "resources": resources}
+        else:
+            port = LISTEN_PORTS[kind]
+            out[kind] = {"enabled": True, "streams": streams, "port": port, "replicas": 2,
+                         "autoscaling": {"enabled": True, "maxReplicas": 6, "targetCPUUtilizationPercentage": 70},
+                         "resources": resources, "service": {"type": "ClusterIP", "port": port}}
+    return out
+
+
+def _payload_values(topology: Topology, settings: ChartSettings) -> dict | None:
+    """The payload store's claim, if the upload gateway or a processor reads or writes references: mounted
+    where the image's TANGRAM_HOME puts the app's ``payloads.store`` (or at it, when absolute)."""
+    if not topology.uploads and not payload_processors(topology):
+        return None
+    store = (topology.payloads or PayloadsSpec()).store
+    mount = store if store.startswith("/") else f"{IMAGE_HOME}/{store}"
+    return {"mountPath": mount, "size": settings.payload_size, "accessMode": "ReadWriteMany",
+            "storageClassName": "", "existingClaim": ""}
 
 
 def _processor_values(topology: Topology, name: str, settings: ChartSettings) -> dict:
@@ -71,6 +109,7 @@ def _processor_values(topology: Topology, name: str, settings: ChartSettings) ->
         "inputs": list(spec.inputs),
         "autoscaling": _scales_with_partitions(topology, spec),
         "needsModels": bool(topology.load_object(spec.kind).needs_models),
+        "payloads": name in payload_processors(topology),
         "resources": {
             # one Python process is busy at most one core; the topology plans it at target_utilization of it
             "requests": {"cpu": f"{round(spec.compute.target_utilization * 1000)}m",
@@ -111,6 +150,8 @@ def chart_values(topology: Topology, settings: ChartSettings) -> dict:
         "autoscaling": {"enabled": True, "lagThreshold": settings.lag_threshold, "pollingInterval": 15,
                         "cooldownPeriod": 300},
         "processors": {name: _processor_values(topology, name, settings) for name in topology.processors},
+        "gateways": _gateway_values(topology, settings),
+        "payloads": _payload_values(topology, settings),
         "topics": {
             topic: {"partitions": topology.partitions(topic), "replicas": topology.replication(topic),
                     "config": spec.configs()}
@@ -145,6 +186,10 @@ _VALUES_HEADER = """\
 # processors.<name>: replicas (the topology's), consumer group, inputs, resources, and whether KEDA may
 #   scale it on consumer lag; the chart bounds that by the partitions of its narrowest input.
 # topics: the Strimzi KafkaTopics (kafka.strimziTopics: false when topics are managed elsewhere).
+# gateways: the app's HTTP and upload gateways (API keys, replicas, an HPA on CPU, a Service each) and its
+#   MQTT adapter (one replica; gateways.mqtt.broker, and its password in gateways.mqtt.passwordSecret).
+# payloads: the payload store's ReadWriteMany claim, mounted by the upload gateway and the processors that
+#   read references (payloads.existingClaim: bring your own).
 # triton.gpu.enabled: an `nvidia.com/gpu` limit for Triton (on when an inference processor declares gpu).
 # kafka.security: SASL_SSL with SCRAM-SHA-512 on the cluster's SCRAM listener (kafka.port); kafka.users: a
 #   Strimzi KafkaUser per principal with the topology's ACLs (the operator's must be a super user of the cluster).

@@ -24,6 +24,8 @@ serves a developer's machine without keys, each peer address its own identity.
 503   the broker did not acknowledge in time; nothing is acknowledged, retry (dedup by event_id)
 ===== ===================================================================================
 
+``GET /healthz`` answers 200 without a key once the gateway serves (:mod:`streams.gateway.health`).
+
 Every refusal is counted (``tangram_ingest_rejected_total``, ``tangram_gateway_http_requests_total``,
 ``tangram_gateway_throttled_total``).
 """
@@ -43,6 +45,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from streams.gateway.errors import GatewayError
+from streams.gateway.health import add_health
 from streams.gateway.identity import CHALLENGE, SEND_A_KEY, Caller, GatewayAuthSettings, caller, follow_keys, \
     stop_following_on_cleanup
 from streams.gateway.quota import Quotas
@@ -206,10 +209,6 @@ def _over_budget(quotas: Quotas, who: Caller, stream: str, rejected: list[Reject
     return _answer(stream, 429, body, _retry_after(wait if not math.isinf(wait) else 3600))
 
 
-async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
 def make_app(app_name: str, streams: dict[str, IngestStream], sink: KafkaSink, settings: HttpGatewaySettings,
              keys: KeyRing | None) -> web.Application:
     """The aiohttp application serving ``streams`` of app ``app_name`` (closing it closes the sink).
@@ -226,7 +225,7 @@ def make_app(app_name: str, streams: dict[str, IngestStream], sink: KafkaSink, s
     app[KEYS] = keys
     app[QUOTAS] = Quotas("http")
     app.router.add_post("/v1/streams/{stream}/events", post_events)
-    app.router.add_get("/healthz", health)
+    add_health(app)
 
     async def close_sink(_: web.Application) -> None:
         sink.close()

@@ -24,6 +24,8 @@ rate, before its body is read.
 503   the broker did not acknowledge in time; retry with the same ``X-Request-ID``
 ===== ============================================================================
 
+``GET /healthz`` answers 200 without a key once the gateway serves (:mod:`streams.gateway.health`).
+
 Kept apart from the JSON gateway (:mod:`streams.gateway.http`): a different body, a different contract.
 """
 
@@ -45,6 +47,7 @@ from pydantic_settings import SettingsConfigDict
 from streams.avro import AvroCodec, topic_codec
 from streams.delivery import Output
 from streams.gateway.errors import GatewayError
+from streams.gateway.health import add_health
 from streams.gateway.identity import CHALLENGE, SEND_A_KEY, GatewayAuthSettings, caller, follow_keys, \
     stop_following_on_cleanup
 from streams.gateway.quota import Quotas
@@ -184,6 +187,7 @@ def make_app(app_name: str, uploads: dict[str, Upload], sink: KafkaSink, setting
     app[KEYS] = keys
     app[QUOTAS] = Quotas("upload")
     app.router.add_post("/v1/uploads/{name}", post_upload)
+    add_health(app)
 
     async def close_sink(_: web.Application) -> None:
         sink.close()

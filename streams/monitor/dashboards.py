@@ -143,13 +143,24 @@ def dashboard_json(d: Dashboard) -> dict:
 
 
 def prometheus_config(topology: Topology, *, port: int = PROCESSOR_METRICS_PORT, interval_s: int = 5) -> dict:
-    """One scrape job per processor (every replica of its compose service, by DNS), Triton, Prometheus."""
+    """One scrape job per processor and gateway process (every replica of its compose service, by DNS),
+    Triton, Prometheus."""
+    from streams.gateway.processes import compose_service, gateway_processes
+
     jobs = [{"job_name": "prometheus", "static_configs": [{"targets": ["localhost:9090"]}]}]
     for name in topology.processors:
         jobs.append({
             "job_name": f"{topology.app}-{name}",
             "dns_sd_configs": [{"names": [name], "type": "A", "port": port, "refresh_interval": "30s"}],
             "relabel_configs": [{"target_label": "service", "replacement": name},
+                                {"target_label": "app", "replacement": topology.app}],
+        })
+    for kind in gateway_processes(topology):  # the compose service of each: gateway-http, gateway-mqtt
+        service = compose_service(kind)
+        jobs.append({
+            "job_name": f"{topology.app}-{service}",
+            "dns_sd_configs": [{"names": [service], "type": "A", "port": port, "refresh_interval": "30s"}],
+            "relabel_configs": [{"target_label": "service", "replacement": service},
                                 {"target_label": "app", "replacement": topology.app}],
         })
     jobs.append({"job_name": "triton", "static_configs": [{"targets": ["triton:8002"]}]})

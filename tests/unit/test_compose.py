@@ -23,7 +23,10 @@ import yaml
 from reference import IMAGE_APP, PM_TOPOLOGY as TOPOLOGY
 
 from reference import REPO as PROJECT_ROOT
+from streams.gateway.health import HEALTH_PATH
+from streams.gateway.processes import LISTEN_PORTS, compose_service, gateway_command, gateway_processes
 from streams.monitor.dashboards import PROCESSOR_METRICS_PORT
+from streams.security.acls import gateway_principal
 from streams.topology import load_topology
 
 BASE = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())
@@ -252,3 +255,28 @@ def test_flink_profile_runs_the_feature_job_and_writes_the_online_store():
     jar = re.search(r"flink-sql-connector-kafka-([\d.]+-[\d.]+)\.jar", dockerfile).group(1)
     assert f"<version>{jar}</version>" in pom  # the cluster gets the connector the local job is tested with
     assert "requirements-flink.txt" in dockerfile
+
+
+def test_every_gateway_process_of_the_topology_is_a_service_running_its_command():
+    topology = load_topology(TOPOLOGY)
+    services = BASE["services"]
+    gateways = {n for n, s in services.items() if s.get("command", [""])[0] == "gateway"}
+    processes = gateway_processes(topology)
+    assert gateways == {compose_service(kind) for kind in processes} == {"gateway-http", "gateway-mqtt"}
+    for kind, streams in processes.items():
+        service = services[compose_service(kind)]
+        assert service["command"] == gateway_command(kind, IMAGE_APP, streams, metrics_port=PROCESSOR_METRICS_PORT)
+        assert service["image"] == "tangram:latest" and str(PROCESSOR_METRICS_PORT) in service["expose"]
+        assert service["depends_on"]["apply"] == {"condition": "service_completed_successfully"}
+        assert service["depends_on"]["kafka"] == {"condition": "service_healthy"}
+    http = services["gateway-http"]
+    port = LISTEN_PORTS["http"]
+    assert _published(http) == [("127.0.0.1", port, port)]
+    probe = " ".join(http["healthcheck"]["test"])
+    assert f"http://localhost:{port}{HEALTH_PATH}" in probe and http["healthcheck"]["test"][:2] == ["CMD", "python"]
+    mqtt = services["gateway-mqtt"]
+    assert mqtt["profiles"] == ["mqtt"] and "ports" not in mqtt, "the adapter connects out to the broker only"
+    env = mqtt["environment"]
+    assert env["TANGRAM_MQTT_USERNAME"] == gateway_principal(topology)
+    assert env["TANGRAM_MQTT_PASSWORD"] == "${TANGRAM_MQTT_PASSWORD:-}"  # a reference (required only with the profile)
+    assert env["TANGRAM_KAFKA_HOST"] == "kafka", "the rest of its environment is the processors'"

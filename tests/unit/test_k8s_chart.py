@@ -21,14 +21,17 @@ import pytest
 import yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject, TriggerAuthentication
 from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
-from reference import IMAGE_APP, PM_TOPOLOGY as TOPOLOGY
+from reference import IMAGE_APP, INTAKE, PM_TOPOLOGY as TOPOLOGY
 from typer.testing import CliRunner
 
 from streams.cli import app
 from streams.deploy import ChartSettings, chart_values, render_chart
 from streams.errors import TangramError, TopologyError
+from streams.gateway.health import HEALTH_PATH
+from streams.gateway.processes import gateway_command, gateway_processes
 from streams.monitor.dashboards import DASHBOARDS, PROCESSOR_METRICS_PORT, dashboard_json
-from streams.security.acls import principal_grants, processor_principal, strimzi_acls
+from streams.payloads import payload_processors
+from streams.security.acls import gateway_principal, principal_grants, processor_principal, strimzi_acls
 from streams.topology import ComputeConstraints, load_topology
 
 RELEASE = "pm"
@@ -86,7 +89,7 @@ def test_helm_lint_passes(helm, chart):
 def test_builtin_kinds_validate_against_the_kubernetes_openapi_schemas(manifests, version):
     builtin = [m for m in manifests if m["kind"] not in (*CRD_MODELS, *STRIMZI)]
     assert {m["kind"] for m in builtin} == {"Deployment", "StatefulSet", "Service", "PersistentVolumeClaim", "Job",
-                                            "ConfigMap"}
+                                            "ConfigMap", "HorizontalPodAutoscaler"}
     for manifest in builtin:
         kubernetes_validate.validate(manifest, version, strict=True)
 
@@ -239,6 +242,7 @@ def test_secrets_are_referenced_never_written(manifests, chart):
     values = yaml.safe_load((chart / "values.yaml").read_text())
     registry = values["schemaRegistry"]
     secrets = {values["redis"]["existingSecret"], registry["reader"]["secret"], registry["admin"]["secret"],
+               values["gateways"]["mqtt"]["passwordSecret"]["name"],
                *values["kafka"]["users"]}  # the User Operator makes a Secret per KafkaUser
     checked = 0
     for workload in [*by_kind(manifests, "Deployment").values(), *by_kind(manifests, "StatefulSet").values(),
@@ -307,3 +311,177 @@ def test_a_processor_left_to_flink_can_be_dropped_from_the_release(helm, chart):
     manifests = template(helm, chart, "processors.features=null")  # docs/deploy.md: the feature job on Flink
     names = {m["metadata"]["name"] for m in manifests}
     assert f"{RELEASE}-features" not in names and f"{RELEASE}-inference" in names
+
+
+# -- the gateways and the payload store ------------------------------------------------------------------------
+
+INTAKE_APP = "/app/topologies/document_intake"
+
+
+@pytest.fixture(scope="module")
+def intake_chart(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("chart") / "intake"
+    result = CliRunner().invoke(app, ["deploy", "k8s", str(INTAKE), "--out", str(out), "--app-path", INTAKE_APP])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def intake_manifests(helm, intake_chart) -> list[dict]:
+    return template(helm, intake_chart)
+
+
+def _pod(manifests: list[dict], name: str) -> dict:
+    return by_kind(manifests, "Deployment")[name]["spec"]["template"]["spec"]
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container["env"]}
+
+
+def test_the_intake_chart_lints_and_validates(helm, intake_chart, intake_manifests):
+    done = subprocess.run([helm, "lint", "--strict", str(intake_chart)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for manifest in intake_manifests:
+        if manifest["kind"] in ("Deployment", "Service", "PersistentVolumeClaim", "HorizontalPodAutoscaler"):
+            kubernetes_validate.validate(manifest, K8S_VERSIONS[1], strict=True)
+        elif manifest["kind"] in CRD_MODELS:
+            model = CRD_MODELS[manifest["kind"]]
+            assert model.model_validate(manifest).model_dump(by_alias=True, exclude_unset=True, mode="json") == manifest
+
+
+def test_each_gateway_process_the_topology_declares_is_a_deployment_running_its_command(manifests, intake_manifests):
+    for release_manifests, path, topology in ((manifests, IMAGE_APP, load_topology(TOPOLOGY)),
+                                              (intake_manifests, INTAKE_APP, load_topology(INTAKE))):
+        processes = gateway_processes(topology)
+        gateways = {name: d for name, d in by_kind(release_manifests, "Deployment").items() if "-gateway-" in name}
+        assert set(gateways) == {f"{RELEASE}-gateway-{kind}" for kind in processes} and gateways
+        for kind, streams in processes.items():
+            [container] = _pod(release_manifests, f"{RELEASE}-gateway-{kind}")["containers"]
+            assert container["args"] == gateway_command(kind, path, streams, metrics_port=PROCESSOR_METRICS_PORT)
+            env = _env(container)
+            assert env["TANGRAM_HOST"]["value"] == "0.0.0.0"
+            assert "TANGRAM_REDIS_PASSWORD" not in env and "TANGRAM_TRITON_HOST" not in env  # Kafka and the registry only
+    assert set(gateway_processes(load_topology(TOPOLOGY))) == {"http", "mqtt"}
+    assert set(gateway_processes(load_topology(INTAKE))) == {"upload"}
+
+
+def test_http_gateways_listen_on_a_service_are_probed_on_healthz_and_scale_on_cpu(manifests, intake_manifests):
+    for release_manifests, kind, port in ((manifests, "http", 8088), (intake_manifests, "upload", 8089)):
+        name = f"{RELEASE}-gateway-{kind}"
+        deployment = by_kind(release_manifests, "Deployment")[name]
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["ports"] == [{"name": "http", "containerPort": port},
+                                      {"name": "metrics", "containerPort": PROCESSOR_METRICS_PORT}]
+        assert container["args"][container["args"].index("--port") + 1] == str(port)
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"] == {"path": HEALTH_PATH, "port": "http"}
+        service = by_kind(release_manifests, "Service")[name]["spec"]
+        assert service["selector"] == {"app.kubernetes.io/instance": RELEASE, "tangram.dev/gateway": kind}
+        assert deployment["spec"]["selector"]["matchLabels"] == service["selector"]
+        assert {"name": "http", "port": port, "targetPort": "http"} in service["ports"]
+        assert "replicas" not in deployment["spec"], "the HPA owns the count"
+        hpa = by_kind(release_manifests, "HorizontalPodAutoscaler")[name]["spec"]
+        assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+        assert hpa["minReplicas"] == 2 and hpa["maxReplicas"] == 6
+        monitor = by_kind(release_manifests, "ServiceMonitor")[name]["spec"]
+        assert monitor["selector"]["matchLabels"]["tangram.dev/gateway"] == kind
+        assert monitor["endpoints"][0]["port"] == "metrics"
+
+
+def test_the_mqtt_adapter_is_one_replica_replaced_not_doubled_with_its_broker_password_by_reference(manifests):
+    name = f"{RELEASE}-gateway-mqtt"
+    deployment = by_kind(manifests, "Deployment")[name]
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert name not in by_kind(manifests, "HorizontalPodAutoscaler")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    env = _env(container)
+    assert (env["TANGRAM_MQTT_HOST"]["value"], env["TANGRAM_MQTT_PORT"]["value"]) == ("mosquitto", "1883")
+    assert env["TANGRAM_MQTT_USERNAME"]["value"] == "pm.gateway"
+    assert env["TANGRAM_MQTT_PASSWORD"] == {"name": "TANGRAM_MQTT_PASSWORD",
+                                            "valueFrom": {"secretKeyRef": {"name": "pm-mqtt-gateway", "key": "password"}}}
+    assert [p["name"] for p in container["ports"]] == ["metrics"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert [p["name"] for p in by_kind(manifests, "Service")[name]["spec"]["ports"]] == ["metrics"]
+
+
+def test_gateways_connect_as_the_gateway_principal_with_the_cluster_ca(manifests, helm, chart):
+    topology = load_topology(TOPOLOGY)
+    principal = gateway_principal(topology)
+    assert principal in by_kind(manifests, "KafkaUser")
+    for kind in gateway_processes(topology):
+        pod = _pod(manifests, f"{RELEASE}-gateway-{kind}")
+        env = _env(pod["containers"][0])
+        assert env["TANGRAM_KAFKA_SECURITY__PROTOCOL"]["value"] == "SASL_SSL"
+        assert env["TANGRAM_KAFKA_SECURITY__USERNAME"]["value"] == principal
+        assert env["TANGRAM_KAFKA_SECURITY__PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": principal, "key": "password"}
+        assert env["TANGRAM_KAFKA_SECURITY__CA_FILE"]["value"] == "/etc/tangram/kafka-ca/ca.crt"
+        assert env["TANGRAM_REGISTRY_USERNAME"]["value"] == "tangram-reader"
+        assert {"name": "kafka-ca", "secret": {"secretName": "tangram-cluster-ca-cert"}} in pod["volumes"]
+        assert {"name": "kafka-ca", "mountPath": "/etc/tangram/kafka-ca", "readOnly": True} in \
+            pod["containers"][0]["volumeMounts"]
+    plain = template(helm, chart, "kafka.security.enabled=false", "kafka.port=9092")
+    for kind in gateway_processes(topology):
+        pod = _pod(plain, f"{RELEASE}-gateway-{kind}")
+        assert "volumes" not in pod and not any(n.startswith("TANGRAM_KAFKA_SECURITY") for n in _env(pod["containers"][0]))
+
+
+def test_gateways_can_be_left_out_and_their_bounds_are_checked(helm, chart):
+    names = {m["metadata"]["name"] for m in template(helm, chart, "gateways.mqtt.enabled=false")}
+    assert f"{RELEASE}-gateway-mqtt" not in names and f"{RELEASE}-gateway-http" in names
+    fixed = by_kind(template(helm, chart, "gateways.http.autoscaling.enabled=false"), "Deployment")
+    assert fixed[f"{RELEASE}-gateway-http"]["spec"]["replicas"] == 2
+    done = subprocess.run([helm, "template", RELEASE, str(chart), "--set", "gateways.http.replicas=8"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "gateways.http: autoscaling.maxReplicas 6 is below replicas 8" in done.stderr
+
+
+def test_one_payload_claim_mounted_by_the_upload_gateway_and_the_processors_that_read_references(intake_manifests, helm,
+                                                                                                   intake_chart):
+    topology = load_topology(INTAKE)
+    claims = by_kind(intake_manifests, "PersistentVolumeClaim")
+    claim = claims[f"{RELEASE}-payloads"]["spec"]
+    assert claim["accessModes"] == ["ReadWriteMany"] and claim["resources"]["requests"]["storage"] == "10Gi"
+    readers = payload_processors(topology)
+    assert readers == ["intake", "ocr"], "intake reads the uploads' references, ocr the accepted documents'"
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    assert "ENV TANGRAM_HOME=/var/lib/tangram" in dockerfile  # where PayloadStore.of puts `payloads.store`
+    mount = {"name": "payloads", "mountPath": f"/var/lib/tangram/{topology.payloads.store}"}
+    volume = {"name": "payloads", "persistentVolumeClaim": {"claimName": f"{RELEASE}-payloads"}}
+    mounted = set()
+    for name in [f"gateway-{kind}" for kind in gateway_processes(topology)] + list(topology.processors):
+        pod = _pod(intake_manifests, f"{RELEASE}-{name}")
+        if volume in pod.get("volumes", []):
+            assert mount in pod["containers"][0]["volumeMounts"], name
+            mounted.add(name)
+        else:
+            assert all(m["name"] != "payloads" for m in pod["containers"][0].get("volumeMounts", [])), name
+    assert mounted == {"gateway-upload", *readers}
+    brought = template(helm, intake_chart, "payloads.existingClaim=shared-payloads")
+    assert f"{RELEASE}-payloads" not in by_kind(brought, "PersistentVolumeClaim")
+    assert {"name": "payloads", "persistentVolumeClaim": {"claimName": "shared-payloads"}} in \
+        _pod(brought, f"{RELEASE}-gateway-upload")["volumes"]
+
+
+def test_an_app_without_references_gets_no_payload_claim(manifests, chart):
+    assert f"{RELEASE}-payloads" not in by_kind(manifests, "PersistentVolumeClaim")
+    assert yaml.safe_load((chart / "values.yaml").read_text())["payloads"] is None
+
+
+@pytest.mark.parametrize("kind", ["http", "upload", "mqtt"])
+def test_the_gateway_commands_parse_with_the_cli(kind):
+    """What the chart and compose run is a command `tangram` has: every option exists and takes its value."""
+    import typer.main
+
+    args = gateway_command(kind, INTAKE_APP, ["telemetry"], metrics_port=PROCESSOR_METRICS_PORT)
+    group = typer.main.get_command(app)
+    context = group.make_context("tangram", list(args), resilient_parsing=False)
+    gateway = group.get_command(context, "gateway")
+    sub_context = gateway.make_context("gateway", args[1:], parent=context)
+    command = gateway.get_command(sub_context, kind)
+    parsed = command.make_context(kind, args[2:], parent=sub_context).params
+    assert str(parsed["topology"]) == INTAKE_APP and parsed["metrics_port"] == PROCESSOR_METRICS_PORT
+    if kind != "mqtt":
+        assert parsed["host"] == "0.0.0.0" and parsed["port"] in (8088, 8089)
+    if kind != "upload":
+        assert parsed["stream"] == ["telemetry"]

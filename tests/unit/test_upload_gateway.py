@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from reference import INTAKE
 from streams.delivery import Output
 from streams.gateway.errors import GatewayError
+from streams.gateway.health import HEALTH_PATH
 from streams.gateway.upload import Upload, UploadGatewaySettings, make_app
 from streams.payloads import PayloadStore
 from streams.security.keys import KeyRing, new_key
@@ -141,6 +142,23 @@ def test_auth_none_is_a_choice_made_on_purpose(tmp_path):
     with pytest.raises(GatewayError, match="key ring"):
         make_app("intake", {"documents": upload}, KeptSink(), UploadGatewaySettings(), None)
     assert make_app("intake", {"documents": upload}, KeptSink(), UploadGatewaySettings(auth="none"), None) is not None
+
+
+def test_healthz_answers_without_a_key_while_uploads_still_need_one(tmp_path):
+    """Kubernetes' probes and compose's healthcheck ask /healthz with no key: 200, and nothing is written."""
+    spec = load_topology(INTAKE).uploads["documents"]
+    sink = KeptSink()
+    upload = Upload("documents", spec, KeptCodec(), PayloadStore(tmp_path, 100))  # type: ignore[arg-type]
+    app = make_app("intake", {"documents": upload}, sink, UploadGatewaySettings(), KeyRing(Keys()))
+
+    async def run() -> tuple[int, dict, int]:
+        async with TestClient(TestServer(app)) as client:
+            health = await client.get(HEALTH_PATH)
+            keyless = await client.post("/v1/uploads/documents", data=b"x", headers={"Content-Type": "text/plain"})
+            return health.status, await health.json(), keyless.status
+
+    assert asyncio.run(run()) == (200, {"status": "ok"}, 401)
+    assert sink.outputs == []
 
 
 def test_a_broker_that_does_not_acknowledge_is_a_503_to_retry(tmp_path):

@@ -11,9 +11,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ printf "%s:%s" .Values.image.repository .Values.image.tag }}
 {{- end }}
 
-{{/* Where every Tangram container reaches Kafka, the registry, Redis (password by reference) and Triton.
+{{/* Where every Tangram container reaches Kafka and the registry: all a gateway needs.
      A container's identity (its Kafka principal, its registry user) comes from "tangram.identity". */}}
-{{- define "tangram.env" -}}
+{{- define "tangram.kafkaEnv" -}}
 - name: TANGRAM_HOST
   value: "0.0.0.0"
 - name: TANGRAM_KAFKA_HOST
@@ -24,6 +24,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   value: {{ printf "%s-schema-registry" .Release.Name }}
 - name: TANGRAM_REGISTRY_PORT
   value: "8081"
+{{- end }}
+
+{{/* A processor's: "tangram.kafkaEnv", and Redis (password by reference) and Triton. */}}
+{{- define "tangram.env" -}}
+{{ include "tangram.kafkaEnv" . }}
 - name: TANGRAM_REDIS_HOST
   value: {{ printf "%s-redis" .Release.Name }}
 - name: TANGRAM_REDIS_PASSWORD
@@ -78,6 +83,46 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - name: kafka-ca
   mountPath: /etc/tangram/kafka-ca
   readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* The payload store (streams.payloads), one claim every writer and reader of references mounts where the
+     image's TANGRAM_HOME puts the app's `payloads.store`: "payloads.yaml" makes it unless one is brought. */}}
+{{- define "tangram.payloadVolume" -}}
+- name: payloads
+  persistentVolumeClaim:
+    claimName: {{ .Values.payloads.existingClaim | default (printf "%s-payloads" .Release.Name) }}
+{{- end }}
+
+{{- define "tangram.payloadMount" -}}
+- name: payloads
+  mountPath: {{ .Values.payloads.mountPath }}
+{{- end }}
+
+{{/* A Prometheus Operator ServiceMonitor on a Service's `metrics` port, if serviceMonitor.enabled:
+     (dict "root" $ "name" NAME "selector" LABELS). */}}
+{{- define "tangram.serviceMonitor" -}}
+{{- $root := .root }}
+{{- if $root.Values.serviceMonitor.enabled }}
+---
+apiVersion: monitoring.coreos.com/v1
+kind: ServiceMonitor
+metadata:
+  name: {{ .name }}
+  labels:
+    {{- include "tangram.labels" $root | nindent 4 }}
+    {{- with $root.Values.serviceMonitor.labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  selector:
+    matchLabels:
+      app.kubernetes.io/instance: {{ $root.Release.Name }}
+      {{- toYaml .selector | nindent 6 }}
+  endpoints:
+    - port: metrics
+      path: /metrics
+      interval: {{ $root.Values.serviceMonitor.interval }}
 {{- end }}
 {{- end }}
 
