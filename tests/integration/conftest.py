@@ -46,6 +46,10 @@ TEST_PORTS: dict[str, int] = {
 }
 
 
+#: The processors a test session launches look for metrics ports from here (streams.launcher), so that two
+#: sessions' processors don't race for the same free port between the check and the bind.
+os.environ.setdefault("TANGRAM_METRICS_BASE_PORT", str(9100 + _OFFSET))
+
 #: The secured test stack listens on the test ports plus this.
 SECURED_SHIFT = 100
 
