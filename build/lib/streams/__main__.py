@@ -1,3 +1,0 @@
-from streams.cli import entry
-
-entry()
