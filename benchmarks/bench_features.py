@@ -1,12 +1,20 @@
 """Feature engines and online reads, measured against baselines in the same run (figures, not tests).
 
-Needs a running stack (`tangram up`, or TANGRAM_* variables pointing at one) and the Flink env.
+Needs a running stack (`tangram up`, or TANGRAM_* variables pointing at one); Kafka, the registry and
+Redis are used.
 
-    .venv/bin/python benchmarks/bench_features.py [--devices 100] [--seconds 60]
+    .venv/bin/python benchmarks/bench_features.py [--devices 200] [--seconds 250] [--faust] [--flink]
 
 Prints:
-- events/s through the embedded engine, the Faust job and the PyFlink job (local mini-cluster),
-  each as a ratio to a raw confluent-kafka consume of the same records;
+- the embedded engine (the ``features`` processor in its at-least-once delivery loop: decode, windows,
+  features, encode, Feast's Redis layout) over N readings (default 200 devices × 250 s at 10 Hz = 500,000),
+  in readings/s and CPU µs per reading, beside the **raw confluent-kafka loop** over the same records
+  (``baselines.py``: consume a batch, produce it unchanged, acks, commit; run before and after the engine,
+  the ratio taken to their mean). Both clocks start at the first record consumed. The two do not do the
+  same work: the raw loop produces every record, the engine one record per window (1/50 of them) after
+  decoding and aggregating all of them; it is the floor of any stage on this broker, the issue's yardstick.
+  ``--faust`` and ``--flink`` add the Faust job and the PyFlink job on the same records, counting what
+  each emitted;
 - online-store reads (Feast's Redis layout) at 1, 10 and 100 keys per call: one client closed loop,
   then open loop at fixed rates (latency from each call's scheduled time), the blocking reader
   (``read_online_features`` from several processes, the baseline) beside ``OnlineLookup``;
@@ -14,7 +22,8 @@ Prints:
   worker from start-up with no devices to 10,000 devices' state), beside the embedded engine's state
   (tracemalloc).
 
-    .venv/bin/python benchmarks/bench_features.py --memory-only   # only the memory figures
+    .venv/bin/python benchmarks/bench_features.py --engines-only   # only the engines
+    .venv/bin/python benchmarks/bench_features.py --memory-only    # only the memory figures
 """
 
 from __future__ import annotations
@@ -22,11 +31,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import tracemalloc
 import uuid
@@ -38,31 +45,45 @@ import redis
 from confluent_kafka import Consumer, ConsumerGroupState, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from streams import PROJECT_ROOT
-from streams.avro import codec
-from streams.features import FEATURE_SET, EntityWindows, faust_job
-from streams.features.layout import FeastLayout
-from streams.features.online import OnlineLookup, OnlineWriter, read_online_features
-from streams.features.testing import count_records, create_topics, produce_readings, recorded_readings
-from streams.flink.launcher import job_argv, run_job
-from streams.plan import apply
-from streams.run import make_runner
-from streams.settings import StackSettings
-from streams.topology import load_schema, load_topology
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "topologies" / "predictive_maintenance"
+for folder in (ROOT, ROOT / "benchmarks", APP):
+    sys.path.insert(0, str(folder))
 
-TOPOLOGY = PROJECT_ROOT / "topologies" / "predictive_maintenance.yaml"
+from baselines import raw_copy_seconds  # noqa: E402
+from pm_app import FEATURE_SET  # noqa: E402
+from pm_app.simulator import recorded_readings  # noqa: E402
+from streams.avro import topic_codec  # noqa: E402
+from streams.features import faust_job  # noqa: E402
+from streams.features.batch import BatchWindows  # noqa: E402
+from streams.features.layout import FeastLayout  # noqa: E402
+from streams.features.online import OnlineLookup, OnlineWriter, read_online_features  # noqa: E402
+from streams.flink.launcher import job_argv, run_job  # noqa: E402
+from streams.namespace import namespaced  # noqa: E402
+from streams.plan import apply  # noqa: E402
+from streams.run import make_runner  # noqa: E402
+from streams.settings import StackSettings  # noqa: E402
+from streams.testing import count_records, create_topics, produce_records  # noqa: E402
+from streams.topology import Topology, load_topology  # noqa: E402
+
+FEATURE_SET_FILE = APP / "features" / "device_window.yaml"
 
 
-def isolated(tmp: Path) -> tuple[Path, str]:
+def isolated(tmp: Path) -> tuple[Topology, str]:
+    """The reference app under a fresh namespace (its own topics, groups and Feast project), applied."""
     prefix = f"b{uuid.uuid4().hex[:8]}"
-    text = re.sub(r"\bpm\.(raw|ingest|features|predictions|actions|dlq|sim)\.([a-z_]+)\b(?!-value)",
-                  lambda m: f"{prefix}.{m.group(1)}.{m.group(2)}", TOPOLOGY.read_text())
-    path = tmp / f"{prefix}.yaml"
-    path.write_text(re.sub(r"^app: pm$", f"app: {prefix}", text, flags=re.MULTILINE))
-    return path, prefix
+    return load_topology(namespaced(APP, prefix, tmp / f"{prefix}.yaml")), prefix
 
 
-def wait_count(stack: StackSettings, topic: str, n: int, timeout_s: float = 600) -> float:
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def wait_count(stack: StackSettings, topic: str, n: int, timeout_s: float = 900) -> float:
     deadline = time.monotonic() + timeout_s
     while count_records(stack.bootstrap_servers, topic) < n:
         if time.monotonic() > deadline:
@@ -71,74 +92,87 @@ def wait_count(stack: StackSettings, topic: str, n: int, timeout_s: float = 600)
     return time.monotonic()
 
 
-def raw_consume(stack: StackSettings, topic: str, n: int) -> float:
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"raw-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
-    got, t0 = 0, time.perf_counter()
-    while got < n:
-        got += sum(1 for m in consumer.consume(1000, 1.0) if not m.error())
-    elapsed = time.perf_counter() - t0
-    consumer.close()
-    return n / elapsed
+@dataclass(frozen=True)
+class Run:
+    rate: float  # readings/s from the first record consumed
+    cpu_us: float  # CPU µs of this process per reading (the loop runs in it)
 
 
-def engines(stack: StackSettings, devices: int, seconds: float) -> None:
+def raw_loop(stack: StackSettings, source: str, sink: str, n: int, batch: int) -> Run:
+    cpu = time.process_time()
+    seconds = raw_copy_seconds(stack, source, sink, n, batch)
+    return Run(n / seconds, (time.process_time() - cpu) / n * 1e6)
+
+
+def embedded(topology: Topology, stack: StackSettings, n: int) -> tuple[Run, int]:
+    """The features processor in its delivery loop until it has read ``n`` readings; and the windows it emitted."""
+    runner = make_runner(topology, "features", stack)
+    process, state = runner.processor.process, {"done": 0, "started": None, "cpu": 0.0, "windows": 0}
+
+    def counted(batch):
+        if state["started"] is None:
+            state["started"], state["cpu"] = time.perf_counter(), time.process_time()
+        out = process(batch)
+        state["done"] += len(batch)
+        state["windows"] += sum(1 for o in out if o.topic == runner.processor.output_topic)
+        if state["done"] >= n:
+            runner.stop()
+        return out
+
+    runner.processor.process = counted
+    runner.run()  # returns after the batch that reached n was delivered, flushed to Redis and committed
+    seconds, cpu = time.perf_counter() - state["started"], time.process_time() - state["cpu"]
+    return Run(n / seconds, cpu / n * 1e6), state["windows"]
+
+
+def engines(stack: StackSettings, devices: int, seconds: float, faust: bool, flink: bool) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-features-"))
-    path, prefix = isolated(tmp)
-    topology = load_topology(path)
+    topology, prefix = isolated(tmp)
     apply(topology, stack)
     source, output = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window"
-    extra = [output + "_faust", output + "_flink", f"{prefix}.dlq.faust", f"{prefix}.dlq.flink", f"{prefix}.ingest.small"]
-    create_topics(stack.bootstrap_servers, extra)
-    in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
+    copy = f"{prefix}.ingest.copy"
+    create_topics(stack.bootstrap_servers, [copy, output + "_faust", output + "_flink", f"{prefix}.dlq.faust",
+                                            f"{prefix}.dlq.flink"])
     readings = recorded_readings(devices, seconds, late_every=10**9, straggle_every=10**9)
-    produce_readings(stack.bootstrap_servers, source, in_codec, readings)
+    produce_records(stack.bootstrap_servers, source, topic_codec(topology, stack.registry_url, source), readings,
+                    key="device_id")
+    n, batch = len(readings), topology.processors["features"].batch_size
     windows = devices * (int(seconds * 1000) // FEATURE_SET.window.size_ms - 1)
-    n = len(readings)
-    print(f"input: {n:,} readings of {devices} devices over {seconds:.0f}s of event time → {windows:,} windows")
-
-    raw = raw_consume(stack, source, n)
-    print(f"  raw consume (confluent-kafka, no decode)     {raw:>10,.0f} records/s   1.00×")
-
-    runner = make_runner(topology, "features", stack)
-    thread = threading.Thread(target=runner.run, daemon=True)
-    t0 = time.monotonic()
-    thread.start()
-    t1 = wait_count(stack, output, windows)
-    runner.stop()
-    thread.join(30)
-    rate = n / (t1 - t0)
-    print(f"  embedded engine (delivery loop)            {rate:>10,.0f} events/s    {rate / raw:.3f}×")
-
-    argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
-                             redis_url=stack.redis_url, project=f"{prefix}-faust", source=source,
-                             output=output + "_faust", dlq=f"{prefix}.dlq.faust", group=f"{prefix}.faust")
-    t0 = time.monotonic()
-    worker = subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
-    try:
-        first = wait_count(stack, output + "_faust", 1)
-        t1 = wait_count(stack, output + "_faust", windows)
-    finally:
-        worker.terminate()
-        worker.wait(30)
-    rate, steady = n / (t1 - t0), n / max(t1 - first, 1e-9)
-    print(f"  Faust job (incl. {first - t0:.1f}s start)          {rate:>10,.0f} events/s    {rate / raw:.3f}×"
-          f"   (after first output: {steady:,.0f}/s, {steady / raw:.3f}×)")
-
-    small = recorded_readings(1, 10.0, late_every=10**9, straggle_every=10**9)
-    produce_readings(stack.bootstrap_servers, f"{prefix}.ingest.small", in_codec, small)
-    timings = []
-    for src, count in ((f"{prefix}.ingest.small", len(small)), (source, n)):
-        argv = job_argv(stack, dlq=f"{prefix}.dlq.flink", group=f"{prefix}.flink-{count}", source=src,
-                        output=output + "_flink", bounded=True, online_project=f"{prefix}-flink")
-        t0 = time.monotonic()
-        run_job(argv, timeout_s=900, log_path=tmp / f"flink-{count}.log")
-        timings.append((count, time.monotonic() - t0))
-    (n0, w0), (n1, w1) = timings
-    rate, marginal = n1 / w1, (n1 - n0) / max(w1 - w0, 1e-9)
-    print(f"  PyFlink job (mini-cluster, {w0:.0f}s fixed cost) {rate:>10,.0f} events/s    {rate / raw:.3f}×"
-          f"   (marginal, start excluded: {marginal:,.0f}/s, {marginal / raw:.3f}×)")
+    print(f"input: {n:,} readings of {devices} devices over {seconds:.0f} s of event time → {windows:,} windows; "
+          f"batch size {batch}; commit {_commit()}; {_load()}")
+    before = raw_loop(stack, source, copy, n, batch)
+    engine, emitted = embedded(topology, stack, n)
+    after = raw_loop(stack, source, copy, n, batch)
+    raw = (before.rate + after.rate) / 2
+    print(f"  raw confluent-kafka consume→produce loop  {raw:>10,.0f} readings/s  1.00×  {before.cpu_us:5.2f} µs CPU/reading"
+          f"   (before {before.rate:,.0f}/s, after {after.rate:,.0f}/s)")
+    print(f"  embedded engine (delivery loop)           {engine.rate:>10,.0f} readings/s  {engine.rate / raw:.2f}×  "
+          f"{engine.cpu_us:5.2f} µs CPU/reading   ({emitted:,} windows emitted)")
+    if emitted != windows:
+        raise SystemExit(f"the embedded engine emitted {emitted:,} windows, not {windows:,}")
+    if faust:
+        argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
+                                 redis_url=stack.redis_url, project=f"{prefix}-faust", source=source,
+                                 output=output + "_faust", dlq=f"{prefix}.dlq.faust", group=f"{prefix}.faust",
+                                 feature_set=str(FEATURE_SET_FILE))
+        worker = subprocess.Popen(argv, cwd=ROOT, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
+        try:
+            first = wait_count(stack, output + "_faust", 1)
+            done = wait_count(stack, output + "_faust", windows)
+        finally:
+            worker.terminate()
+            worker.wait(30)
+        rate = n / (done - first)
+        print(f"  Faust job (from its first output)         {rate:>10,.0f} readings/s  {rate / raw:.2f}×")
+    if flink:
+        argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE), dlq=f"{prefix}.dlq.flink", group=f"{prefix}.flink",
+                        source=source, output=output + "_flink", bounded=True, online_project=f"{prefix}-flink")
+        started = time.monotonic()
+        run_job(argv, timeout_s=1800, log_path=tmp / "flink.log")
+        took = time.monotonic() - started
+        got = count_records(stack.bootstrap_servers, output + "_flink")
+        print(f"  PyFlink job, bounded, start included      {n / took:>10,.0f} readings/s  {n / took / raw:.2f}×   "
+              f"({got:,} windows emitted)")
 
 
 def _fill_online_store(stack: StackSettings, devices: int) -> FeastLayout:
@@ -290,21 +324,25 @@ def online_reads_open_loop(stack: StackSettings, layout: FeastLayout, devices: i
 
 
 def memory_per_10k_devices() -> int:
-    """The embedded engine's state: one open window per device, half full (25 readings); returns its bytes."""
+    """The embedded engine's state: one open window per device, half full (25 readings, arriving in batches of
+    500 interleaved over the devices, as from Kafka); returns its bytes."""
     rng = np.random.default_rng(1)
-    rows = [list(rng.normal(10, 2, len(FEATURE_SET.inputs))) for _ in range(25)]
+    devices, per_device, batch = 10_000, 25, 500
+    names = [f"dev-{d:05d}" for d in range(devices)] * per_device
+    ts = np.repeat(1_000_000 + np.arange(per_device) * 100, devices)
+    values = rng.normal(10, 2, (len(names), len(FEATURE_SET.inputs)))
     tracemalloc.start()
     before = tracemalloc.take_snapshot()
-    states = {}
-    for d in range(10_000):
-        state = states[f"dev-{d:05d}"] = EntityWindows(FEATURE_SET)
-        for i, row in enumerate(rows):
-            state.add(1_000_000 + i * 100, list(row), (None, i), None)
+    windows = BatchWindows(FEATURE_SET, position=lambda offset: (0, offset))
+    windows.register(names[:devices], [-1] * devices, [0] * devices)
+    for at in range(0, len(names), batch):
+        chunk = names[at:at + batch]
+        windows.add(windows.ids(chunk), ts[at:at + batch], values[at:at + batch], list(range(at, at + len(chunk))))
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
     size = sum(s.size_diff for s in after.compare_to(before, "filename"))
     print(f"embedded engine state: {size / 2**20:.1f} MiB per 10k devices (one half-full 5 s window each, "
-          f"{size / 10_000 / 25:.0f} B per buffered reading)")
+          f"{size / devices / per_device:.0f} B per buffered reading)")
     return size
 
 
@@ -362,12 +400,12 @@ def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, se
     growth between the halves is the marginal cost of state alone (RSS rarely shrinks: a high-water mark).
     """
     tmp = Path(tempfile.mkdtemp(prefix="bench-faust-memory-"))
-    path, prefix = isolated(tmp)
-    apply(load_topology(path), stack)
+    topology, prefix = isolated(tmp)
+    apply(topology, stack)
     source, output, dlq, group = (f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window",
                                   f"{prefix}.dlq.features", f"{prefix}.faust-memory")
     changelog = f"{group}-entity_windows-changelog"
-    in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
+    in_codec = topic_codec(topology, stack.registry_url, source)
     size_s = FEATURE_SET.window.size_ms / 1000
     readings = recorded_readings(devices, size_s / 2, hz=FEATURE_SET.sample_hz, late_every=10**9,
                                  straggle_every=10**9)
@@ -376,15 +414,15 @@ def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, se
     halves = [[r for r in readings if r["device_id"] in half], [r for r in readings if r["device_id"] not in half]]
     argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
                              redis_url=stack.redis_url, project=f"{prefix}-faust", source=source, output=output,
-                             dlq=dlq, group=group)
-    worker = subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
+                             dlq=dlq, group=group, feature_set=str(FEATURE_SET_FILE))
+    worker = subprocess.Popen(argv, cwd=ROOT, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
     try:
         _wait_member(stack, group, worker)
         time.sleep(settle_s)
         rss = [_rss_kib(worker.pid)]
         fed, took = 0, []
         for part in halves:
-            produce_readings(stack.bootstrap_servers, source, in_codec, part)
+            produce_records(stack.bootstrap_servers, source, in_codec, part, key="device_id")
             fed += len(part)
             took.append(_wait_consumed(stack, group, source, changelog, fed, worker))
             time.sleep(settle_s)
@@ -422,8 +460,11 @@ def memory(stack: StackSettings) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--devices", type=int, default=100)
-    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--devices", type=int, default=200)
+    p.add_argument("--seconds", type=float, default=250.0, help="Event time of the recording (10 readings/s/device).")
+    p.add_argument("--faust", action="store_true", help="Also the Faust job on the same readings.")
+    p.add_argument("--flink", action="store_true", help="Also the PyFlink job on the same readings.")
+    p.add_argument("--engines-only", action="store_true", help="Only the engines.")
     p.add_argument("--reads-only", action="store_true", help="Only the online-read measurements.")
     p.add_argument("--online-devices", type=int, default=10_000, help="Entities in the online store for the reads.")
     p.add_argument("--baseline-processes", type=int, default=4, help="Blocking reader processes (baseline).")
@@ -435,7 +476,9 @@ def main() -> None:
         memory(stack)
         return
     if not args.reads_only:
-        engines(stack, args.devices, args.seconds)
+        engines(stack, args.devices, args.seconds, args.faust, args.flink)
+    if args.engines_only:
+        return
     layout = _fill_online_store(stack, args.online_devices)
     try:
         online_reads(stack, layout, args.online_devices)

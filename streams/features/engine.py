@@ -29,7 +29,7 @@ from streams.avro import AvroCodec
 from streams.wire import WireFormatError
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
-from streams.features.compute import EntityWindows, output_row
+from streams.features.batch import BatchWindows, Closed
 from streams.errors import TopologyError
 from streams.features.layout import FeastLayout
 from streams.features.online import OnlineWriter
@@ -81,7 +81,12 @@ class WindowFeatures(Processor):
         self.fs = feature_set
         self.layout = FeastLayout.of(self.fs, project)
         self.store = OnlineWriter(redis_url, self.layout, retry_s=settings.redis_retry_s)
-        self._entities: dict[str, EntityWindows] = {}
+        self.windows = BatchWindows(self.fs, position=lambda r: (r.partition, r.offset))
+        self._batch_in = input_codec.batch
+        if output_codec.batch is None:
+            raise TopologyError(f"the output schema {output_codec.subject!r} is not a flat record of the feature set's "
+                                "columns: the engine writes it a batch at a time")
+        self._batch_out = output_codec.batch
         self.shadow_topic = shadow_topic
         self.shadow = ShadowComparator(self.fs, shadow_feature_set, self.name) if shadow_feature_set else None
         self._differences = 0
@@ -107,37 +112,81 @@ class WindowFeatures(Processor):
 
     def process(self, batch: list[Record]) -> list[Output]:
         outputs: list[Output] = []
-        decoded: list[tuple[Record, dict]] = []
+        columns, records = self._decode(batch, outputs)
+        if not records:
+            return outputs
+        fs, windows = self.fs, self.windows
+        key, ts_field = fs.entity.join_key, fs.source.timestamp_field
+        entities = columns[key]
+        if unknown := windows.unknown(entities):
+            partition_of = {e: r.partition for e, r in zip(entities, records)}
+            windows.register(unknown, self.store.emitted_ends(unknown), [partition_of[e] for e in unknown])
+        ts = np.asarray(columns[ts_field], dtype=np.int64)
+        values = np.column_stack([columns[name] for name in fs.inputs])
+        result = windows.add(windows.ids(entities), ts, values, records)
+        for i in np.flatnonzero(result.late).tolist():
+            LATE.labels(self.name).inc()
+            outputs.append(dead_letter(records[i], self.dlq_topic, self.name,
+                                       f"reading at {int(ts[i])} is late: its windows are already closed", "late"))
+        if self.shadow is not None:
+            self._shadow(records, entities, ts, values, outputs)
+        if result.closed:
+            outputs.extend(self._emit(result.closed))
+        return outputs
+
+    def _decode(self, batch: list[Record], outputs: list[Output]) -> tuple[dict, list[Record]]:
+        """The batch's columns (entity, event time, inputs with NaN for null) and the records they came from.
+
+        One call for the whole batch when every value is in the input schema; otherwise record by record,
+        each undecodable value dead-lettered with its reason.
+        """
+        fs = self.fs
+        wanted = (fs.entity.join_key, fs.source.timestamp_field, *fs.inputs)
+        if self._batch_in is not None:
+            columns = self._batch_in.decode([r.value for r in batch], only=wanted, nulls_as_nan=True)
+            if columns is not None:
+                return columns, batch
+        rows, records = [], []
         for record in batch:
             try:
-                decoded.append((record, self.input_codec.decode(record.value)))
+                rows.append(self.input_codec.decode(record.value))
+                records.append(record)
             except WireFormatError as exc:
                 outputs.append(dead_letter(record, self.dlq_topic, self.name, exc, "undecodable"))
-        key, ts_field, inputs = self.fs.entity.join_key, self.fs.source.timestamp_field, self.fs.inputs
-        self._load_emitted({value[key] for _, value in decoded})
-        for record, value in decoded:
-            entity, ts = value[key], value[ts_field]
-            row = [np.nan if value[s] is None else value[s] for s in inputs]
-            position = (TopicPartition(record.topic, record.partition), record.offset)
+        columns = {name: [row[name] for row in rows] for name in wanted[:2]}
+        columns.update({name: np.array([np.nan if row[name] is None else row[name] for row in rows], dtype=np.float64)
+                        for name in fs.inputs})
+        return columns, records
+
+    def _emit(self, closed: list[Closed]) -> list[Output]:
+        """The output records of the windows a batch closed (one batch encode), staged for the online store."""
+        fs = self.fs
+        counts, features = self.windows.features(closed)
+        starts = np.fromiter((c.start for c in closed), dtype=np.int64, count=len(closed))
+        columns = {fs.entity.join_key: [c.entity for c in closed], "window_start": starts,
+                   "window_end": starts + fs.window.size_ms, "count": counts,
+                   **{name: features[:, j] for j, name in enumerate(fs.feature_names)}}
+        encoded = self._batch_out.encode(columns, len(closed))
+        outputs = []
+        names = fs.columns
+        for i, (c, value) in enumerate(zip(closed, encoded)):
+            source = c.closer if H_TRACE_ID in c.closer.headers else c.window.last
+            headers = carry_headers(source, **{H_EVENT_ID: f"{c.entity}:{c.start}"})
+            outputs.append(Output(self.output_topic, c.entity, value, headers))
+            row = dict(zip(names, (c.entity, int(starts[i]), int(starts[i]) + fs.window.size_ms, int(counts[i]),
+                                   *features[i].tolist())))
+            self.store.stage(row)
             if self.shadow is not None:
-                outputs.extend(self._sampled(self.shadow.add(entity, ts, row, position), record))
-            accepted, closed = self._entities[entity].add(ts, row, position, record)
-            if not accepted:
-                LATE.labels(self.name).inc()
-                outputs.append(dead_letter(record, self.dlq_topic, self.name,
-                                           f"reading at {ts} is late: its windows are already closed", "late"))
-                continue
-            for window in closed:
-                out = output_row(self.fs, entity, window)
-                headers = carry_headers(record, **{H_EVENT_ID: f"{entity}:{window['start']}"})
-                last = window["window"].last
-                if H_TRACE_ID not in headers and last is not None:
-                    headers.update(carry_headers(last))
-                outputs.append(Output(self.output_topic, entity, self.output_codec.encode(out), headers))
-                self.store.stage(out)
-                if self.shadow is not None:
-                    outputs.extend(self._sampled(self.shadow.live(entity, out), record))
+                outputs.extend(self._sampled(self.shadow.live(c.entity, row), c.closer))
         return outputs
+
+    def _shadow(self, records: list[Record], entities: list[str], ts: np.ndarray, values: np.ndarray,
+                outputs: list[Output]) -> None:
+        """Feed the shadow version's windows, reading by reading (only when a shadow version is configured)."""
+        for i, record in enumerate(records):
+            position = (TopicPartition(record.topic, record.partition), record.offset)
+            differences = self.shadow.add(entities[i], int(ts[i]), values[i].tolist(), position)
+            outputs.extend(self._sampled(differences, record))
 
     def _sampled(self, differences: list[dict], record: Record) -> list[Output]:
         """One differing shadow row in ``shadow_sample_every``, as JSON on the shadow topic."""
@@ -149,32 +198,19 @@ class WindowFeatures(Processor):
                                   carry_headers(record)))
         return out
 
-    def _load_emitted(self, entities: set[str]) -> None:
-        """For entities first seen since start, read which windows were already emitted (online store)."""
-        new = [e for e in entities if e not in self._entities]
-        if not new:
-            return
-        for entity, end in zip(new, self.store.emitted_ends(new)):
-            self._entities[entity] = EntityWindows(self.fs, emitted_end=end)
-
     def flush(self) -> None:
         """Write the emitted windows to the online store (after the broker acknowledged them)."""
         self.store.flush()
 
     def committable(self, partition: TopicPartition) -> int | None:
-        firsts = [w.first[1] for state in self._entities.values() for w in state.open.values()
-                  if w.first[0] == partition]
+        firsts = [offset] if (offset := self.windows.first_open_offset(partition.partition)) is not None else []
         if self.shadow is not None:
             firsts += [offset for tp, offset in self.shadow.open_positions() if tp == partition]
         return min(firsts) if firsts else None
 
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
-        """Forget every entity: open windows of kept partitions are rebuilt from the committed offsets."""
-        gone = {(p.topic, p.partition) for p in partitions}
-        for state in self._entities.values():
-            state.open = {s: w for s, w in state.open.items() if (w.first[0].topic, w.first[0].partition) not in gone}
-        kept = {e: s for e, s in self._entities.items() if s.open}
-        self._entities = kept
+        """Forget the entities of revoked partitions: their new owner rebuilds their windows from the committed offsets."""
+        self.windows.forget({p.partition for p in partitions})
 
     def close(self) -> None:
         self.store.close()

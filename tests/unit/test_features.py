@@ -3,6 +3,8 @@ import pytest
 
 from pm_app import FEATURE_NAMES, FEATURE_SET, feature_vector, window_features
 from streams.features import EntityWindows, band_energy
+from streams.features.batch import BatchWindows
+from streams.features.compute import compute_windows
 from streams.features.spec import FeatureSet
 from pm_app.simulator import SENSORS, Device, Fleet, windows_for_training
 
@@ -122,3 +124,91 @@ def test_a_window_already_emitted_before_a_restart_is_not_emitted_again():
     assert state.add(9_900, [1.0] * len(SENSORS)) == (False, [])
     accepted, closed = state.add(10_100, [1.0] * len(SENSORS))
     assert accepted and closed == []
+
+
+# -- the embedded engine's batch twin of the state machine ---------------------------------------
+
+
+def test_features_of_many_windows_at_once_equal_those_of_each_window():
+    rng = np.random.default_rng(11)
+    windows = []
+    for i in range(120):
+        values = rng.normal(10, 2, (int(rng.integers(1, 70)), len(SENSORS))) * rng.uniform(0.01, 1000)
+        values[rng.random(values.shape) < rng.uniform(0, 0.7)] = np.nan
+        if i % 9 == 0:
+            values[:, 1] = 3.25  # a flat signal: no spectral energy
+        windows.append(values)
+    bounds = np.concatenate(([0], np.cumsum([len(w) for w in windows])))
+    got = compute_windows(FEATURE_SET, np.concatenate(windows), bounds)
+    for i, values in enumerate(windows):
+        expected = window_features(values, FEATURE_SET.sample_hz)
+        assert got[i] == pytest.approx([expected[n] for n in FEATURE_NAMES], rel=1e-12, abs=1e-12), i
+
+
+def _stream(seed: int, entities: int, readings: int) -> list[tuple[str, int, list[float]]]:
+    """Interleaved readings of several entities at 10 Hz with disorder, stragglers, late ones and gaps."""
+    rng = np.random.default_rng(seed)
+    clocks = {f"e{i}": int(rng.integers(0, 20_000)) for i in range(entities)}
+    out = []
+    for _ in range(readings):
+        entity = f"e{int(rng.integers(entities))}"
+        clocks[entity] += int(rng.choice([100, 100, 100, 3000]))
+        ts = clocks[entity] - int(rng.choice([0, 0, 0, 0, 250, 1200, 9000]))  # in order, swapped, straggling, late
+        row = list(rng.normal(10, 2, len(SENSORS)))
+        if rng.random() < 0.1:
+            row[int(rng.integers(len(SENSORS)))] = np.nan
+        out.append((entity, ts, row))
+    return out
+
+
+@pytest.mark.parametrize(("seed", "hop_ms"), [(1, 5000), (2, 5000), (3, 1000), (4, 2500)])
+def test_batch_windows_decide_as_the_per_reading_state_machine(seed, hop_ms):
+    fs = FEATURE_SET.model_copy(update={"window": FEATURE_SET.window.model_copy(update={"hop_ms": hop_ms})})
+    stream = _stream(seed, entities=7, readings=3000)
+    reference, late_reference = {}, []
+    states: dict[str, EntityWindows] = {}
+    for entity, ts, row in stream:
+        accepted, closed = states.setdefault(entity, EntityWindows(fs, emitted_end=5000)).add(ts, row)
+        late_reference.append(not accepted)
+        reference.update({(entity, c["window_start"]): c for c in closed})
+    windows, late, got = BatchWindows(fs, position=lambda offset: (0, offset)), [], {}
+    rng = np.random.default_rng(seed)
+    at = 0
+    while at < len(stream):
+        batch = stream[at:at + int(rng.integers(1, 300))]
+        names = [e for e, _, _ in batch]
+        if unknown := windows.unknown(names):
+            windows.register(unknown, [5000] * len(unknown), [0] * len(unknown))
+        result = windows.add(windows.ids(names), np.array([t for _, t, _ in batch]), np.array([r for _, _, r in batch]),
+                             list(range(at, at + len(batch))))
+        late += result.late.tolist()
+        if result.closed:
+            counts, features = windows.features(result.closed)
+            for c, count, row in zip(result.closed, counts, features):
+                assert (c.entity, c.start) not in got, "a window closed twice"
+                got[(c.entity, c.start)] = {"count": int(count), **dict(zip(fs.feature_names, row))}
+        at += len(batch)
+    assert late == late_reference and sum(late) > 0
+    assert got.keys() == reference.keys() and len(got) > 50
+    for key, row in got.items():
+        assert row["count"] == reference[key]["count"]
+        assert row == pytest.approx({n: reference[key][n] for n in row}, rel=1e-12, abs=1e-12), key
+
+
+def test_the_first_open_offset_of_a_partition_follows_its_open_windows():
+    windows = BatchWindows(FEATURE_SET, position=lambda handle: handle)
+    windows.register(["a", "b"], [-1, -1], [0, 1])
+    row = [1.0] * len(SENSORS)
+
+    def add(entity: str, ts: int, offset: int, partition: int) -> list:
+        return windows.add(windows.ids([entity]), np.array([ts]), np.array([row]), [(partition, offset)]).closed
+
+    add("a", 1000, 10, 0)
+    add("b", 1000, 20, 1)
+    add("a", 5500, 11, 0)  # a's second window opens at offset 11; its first still open (lateness)
+    assert windows.first_open_offset(0) == 10 and windows.first_open_offset(1) == 20
+    assert [(c.entity, c.start, c.closer) for c in add("a", 6100, 12, 0)] == [("a", 0, (0, 12))]
+    assert windows.first_open_offset(0) == 11 and windows.first_open_offset(2) is None
+    windows.forget({0})
+    assert windows.first_open_offset(0) is None and windows.unknown(["a", "b"]) == ["a"]
+    assert windows.first_open_offset(1) == 20
