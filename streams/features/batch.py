@@ -61,10 +61,13 @@ class Closed(NamedTuple):
 
 
 class Batch(NamedTuple):
-    """What one batch did: which readings were late (in input order) and which windows closed."""
+    """What one batch did, per reading in input order: late (a dead letter), or a re-read of one already
+    counted before a restart (left out, counted); which windows closed; which entities it touched."""
 
     late: np.ndarray
+    reread: np.ndarray
     closed: list[Closed]
+    entities: np.ndarray
 
 
 _UNSET = 2**62  # no open window (far enough from the int64 limit to add a window length to)
@@ -86,6 +89,7 @@ class BatchWindows:
         self.emitted_end = np.empty(0, dtype=np.int64)
         self.partition = np.empty(0, dtype=np.int64)
         self._oldest = np.empty(0, dtype=np.int64)  # start of each entity's oldest open window
+        self._recorded = np.empty(0, dtype=np.int64)  # closed_through as last handed out by changed_state
         self.open: dict[tuple[int, int], _Window] = {}  # (entity, start) → window
         self._starts: dict[int, list[int]] = {}  # entity → starts of its open windows
         self._firsts: dict[int, list[tuple[int, int, int]]] = {}  # partition → heap of (offset, entity, start)
@@ -96,28 +100,58 @@ class BatchWindows:
         index = self._index
         return list(dict.fromkeys(e for e in entities if e not in index))
 
-    def register(self, entities: list[str], emitted_ends: list[int], partitions: list[int]) -> None:
-        """Start tracking ``entities``: the newest window end each emitted before, and their partition."""
+    def register(self, entities: list[str], closed_through: list[int], partitions: list[int]) -> None:
+        """Start tracking ``entities`` and their partition; ``closed_through`` is what :meth:`closed_through`
+        said of each before a restart (-1: nothing known): every window ending there or before is closed."""
         first = len(self._names)
         for i, entity in enumerate(entities):
             self._index[entity] = first + i
         self._names.extend(entities)
-        self.watermark = np.concatenate((self.watermark, np.full(len(entities), -1, dtype=np.int64)))
-        self.emitted_end = np.concatenate((self.emitted_end, np.asarray(emitted_ends, dtype=np.int64)))
+        closed = np.asarray(closed_through, dtype=np.int64)
+        self.watermark = np.concatenate((self.watermark, np.where(closed >= 0, closed + self.lateness, -1)))
+        self.emitted_end = np.concatenate((self.emitted_end, closed))
+        self._recorded = np.concatenate((self._recorded, closed))
         self.partition = np.concatenate((self.partition, np.asarray(partitions, dtype=np.int64)))
         self._oldest = np.concatenate((self._oldest, np.full(len(entities), _UNSET, dtype=np.int64)))
+
+    def name(self, entity: int) -> str:
+        return self._names[entity]
+
+    def closed_through(self, entities: np.ndarray) -> np.ndarray:
+        """The end of the newest window closed for each entity: every window ending there or before is closed.
+
+        Window ends are multiples of the hop, so this one number says what the watermark says of every
+        window (closed iff ``end + allowed_lateness <= watermark``), and it changes once per hop of event
+        time, not with every reading: it is what a restart needs (``streams.features.progress``).
+        """
+        wm = self.watermark[entities]
+        reached = np.where(wm >= 0, (wm - self.lateness) // self.hop * self.hop, -1)
+        return np.maximum(self.emitted_end[entities], reached)
+
+    def changed_state(self, entities: np.ndarray) -> list[tuple[str, int]]:
+        """(entity, closed_through) of ``entities`` whose closed_through moved since it was last handed out."""
+        now = self.closed_through(entities)
+        moved = now != self._recorded[entities]
+        self._recorded[entities[moved]] = now[moved]
+        return [(self._names[e], x) for e, x in zip(entities[moved].tolist(), now[moved].tolist())]
 
     def ids(self, entities: list[str]) -> np.ndarray:
         index = self._index
         return np.fromiter((index[e] for e in entities), dtype=np.int64, count=len(entities))
 
     # -- one batch -------------------------------------------------------------------------
-    def add(self, entities: np.ndarray, ts: np.ndarray, values: np.ndarray, handles: list) -> Batch:
+    def add(self, entities: np.ndarray, ts: np.ndarray, values: np.ndarray, handles: list,
+            reread: np.ndarray | None = None) -> Batch:
         """Add a batch of readings (arrival order): ``entities`` from :meth:`ids`, event times, input values
-        (rows × inputs, NaN = missing), and each reading's handle (its position, its headers)."""
+        (rows × inputs, NaN = missing), and each reading's handle (its position, its headers).
+
+        ``reread`` marks the readings processed before a restart (below the offset its progress recorded):
+        those of windows still open rebuild them; the others were counted in a window emitted before, or
+        dead-lettered then, and are left out as re-reads rather than called late.
+        """
         n = len(ts)
         if n == 0:
-            return Batch(np.zeros(0, dtype=bool), [])
+            return Batch(np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), [], np.zeros(0, dtype=np.int64))
         order = np.argsort(entities, kind="stable")  # by entity, arrival order within each
         ent, t = entities[order], ts[order]
         head = np.flatnonzero(np.concatenate(([True], ent[1:] != ent[:-1])))
@@ -130,12 +164,13 @@ class BatchWindows:
         candidates = last[:, None] - np.arange(k)[None, :] * self.hop  # every window start of each reading
         ends = candidates + self.size
         takes = (ends + self.lateness > wm[:, None]) & (ends > self.emitted_end[ent][:, None])
-        late = np.empty(n, dtype=bool)
-        late[order] = ~takes.any(axis=1)
+        refused = np.empty(n, dtype=bool)
+        refused[order] = ~takes.any(axis=1)
+        again = refused & reread if reread is not None else np.zeros(n, dtype=bool)
         self._join(ent, candidates, takes, order, t, values, handles)
         tail = np.append(head[1:], n) - 1
         self.watermark[uniq] = wm[tail]
-        return Batch(late, self._close(uniq, head, tail, wm, order, handles))
+        return Batch(refused & ~again, again, self._close(uniq, head, tail, wm, order, handles), uniq)
 
     def _join(self, ent: np.ndarray, candidates: np.ndarray, takes: np.ndarray, order: np.ndarray, t: np.ndarray,
               values: np.ndarray, handles: list) -> None:
@@ -226,7 +261,7 @@ class BatchWindows:
         for heap in self._firsts.values():
             heapq.heapify(heap)
         self.watermark, self.emitted_end = self.watermark[keep], self.emitted_end[keep]
-        self.partition, self._oldest = self.partition[keep], self._oldest[keep]
+        self.partition, self._oldest, self._recorded = self.partition[keep], self._oldest[keep], self._recorded[keep]
         self._names = [self._names[i] for i in keep]
         self._index = {name: i for i, name in enumerate(self._names)}
 

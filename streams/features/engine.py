@@ -6,9 +6,12 @@ Readings for a window already closed are late: counted and sent to the DLQ, neve
 
 State and offsets: open windows live in memory; the committed offset of a partition never
 passes the first offset of a window still open there, so a restarted job rebuilds its
-windows by re-reading. Windows already emitted are recognised by the ``window_end`` stored
-with the entity in the online store (written after the broker acknowledged the window,
-before the commit) and are not emitted twice.
+windows by re-reading. How far it got (per partition the offset below which everything was
+processed and acknowledged, per entity its watermark and newest emitted window) is written to
+Redis with the rows, after the broker acknowledged them (``streams.features.progress``): after a
+restart, a reading below that mark either rebuilds a window still open or, its window emitted
+before, is a re-read — counted, never dead-lettered as late — and no window is emitted twice
+except those of a batch acknowledged but not yet recorded when the process died.
 
 The online store is Feast's Redis store (``streams.features.layout``): the newest row of each
 entity under the Feast project named after the topology's ``app`` (so a namespaced copy of the
@@ -33,6 +36,7 @@ from streams.features.batch import BatchWindows, Closed
 from streams.errors import TopologyError
 from streams.features.layout import FeastLayout
 from streams.features.online import OnlineWriter
+from streams.features.progress import REREAD, Progress
 from streams.features.shadow import ShadowComparator
 from streams.features.shadow import encode as encode_difference
 from streams.features.spec import FeatureSet, load_feature_set
@@ -69,7 +73,8 @@ class WindowFeatures(Processor):
 
     name = "features"
 
-    def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
+    def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, source_topic: str, output_topic: str,
+                 dlq_topic: str,
                  redis_url: str, settings: WindowFeaturesSettings, feature_set: FeatureSet,
                  shadow_feature_set: FeatureSet | None = None, shadow_topic: str | None = None,
                  project: str = "tangram"):
@@ -82,6 +87,7 @@ class WindowFeatures(Processor):
         self.layout = FeastLayout.of(self.fs, project)
         self.store = OnlineWriter(redis_url, self.layout, retry_s=settings.redis_retry_s)
         self.windows = BatchWindows(self.fs, position=lambda r: (r.partition, r.offset))
+        self.progress = Progress(self.store, source_topic, self.name)
         self._batch_in = input_codec.batch
         if output_codec.batch is None:
             raise TopologyError(f"the output schema {output_codec.subject!r} is not a flat record of the feature set's "
@@ -101,13 +107,15 @@ class WindowFeatures(Processor):
         if len(outputs) != 1:
             raise TopologyError(f"processor {ctx.name!r}: expected one features output besides the shadow topic")
         shadow = settings.shadow_feature_set
-        return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), output_topic=outputs[0],
+        return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), source_topic=source,
+                   output_topic=outputs[0],
                    dlq_topic=ctx.dlq, redis_url=ctx.stack.redis_url, settings=settings,
                    feature_set=load_feature_set(ctx.topology.path(settings.feature_set)),
                    shadow_feature_set=load_feature_set(ctx.topology.path(shadow)) if shadow else None,
                    shadow_topic=settings.shadow_topic, project=ctx.topology.app)
 
     def setup(self) -> None:
+        self.progress.processor = self.name  # the name the topology gave this processor (set after __init__)
         self.store.setup()
 
     def process(self, batch: list[Record]) -> list[Output]:
@@ -117,13 +125,19 @@ class WindowFeatures(Processor):
             return outputs
         fs, windows = self.fs, self.windows
         key, ts_field = fs.entity.join_key, fs.source.timestamp_field
-        entities = columns[key]
+        entities, n = columns[key], len(records)
+        partitions = np.fromiter((r.partition for r in records), dtype=np.int64, count=n)
+        offsets = np.fromiter((r.offset for r in records), dtype=np.int64, count=n)
+        reread = self.progress.reread(partitions, offsets)
         if unknown := windows.unknown(entities):
             partition_of = {e: r.partition for e, r in zip(entities, records)}
-            windows.register(unknown, self.store.emitted_ends(unknown), [partition_of[e] for e in unknown])
+            windows.register(unknown, self.progress.entities(unknown), [partition_of[e] for e in unknown])
         ts = np.asarray(columns[ts_field], dtype=np.int64)
         values = np.column_stack([columns[name] for name in fs.inputs])
-        result = windows.add(windows.ids(entities), ts, values, records)
+        result = windows.add(windows.ids(entities), ts, values, records, reread)
+        self.progress.advance(partitions, offsets, result.entities)
+        if again := int(result.reread.sum()):
+            REREAD.labels(self.name).inc(again)
         for i in np.flatnonzero(result.late).tolist():
             LATE.labels(self.name).inc()
             outputs.append(dead_letter(records[i], self.dlq_topic, self.name,
@@ -199,8 +213,9 @@ class WindowFeatures(Processor):
         return out
 
     def flush(self) -> None:
-        """Write the emitted windows to the online store (after the broker acknowledged them)."""
-        self.store.flush()
+        """Write the emitted windows to the online store, and how far the engine got, in one command (after the
+        broker acknowledged the batch's outputs)."""
+        self.store.flush((self.progress.key, self.progress.fields(self.windows)))
 
     def committable(self, partition: TopicPartition) -> int | None:
         firsts = [offset] if (offset := self.windows.first_open_offset(partition.partition)) is not None else []
@@ -211,6 +226,7 @@ class WindowFeatures(Processor):
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
         """Forget the entities of revoked partitions: their new owner rebuilds their windows from the committed offsets."""
         self.windows.forget({p.partition for p in partitions})
+        self.progress.forget({p.partition for p in partitions})
 
     def close(self) -> None:
         self.store.close()

@@ -118,10 +118,13 @@ for i, key in ipairs(KEYS) do rows[i] = redis.call('HMGET', key, unpack(ARGV)) e
 return rows
 """
 HMGET_MANY_SHA = hashlib.sha1(HMGET_MANY.encode()).hexdigest()
-#: Writes many rows in one command, keeping Feast's newest-wins rule: ``EVALSHA <sha> <n> key… ttl m field…
-#: (ms value…)…`` — for each key, its row's event time in ms and its ``m`` values; a row is written (``HSET``
-#: of the ``m`` fields, the last being ``_ts``, then ``EXPIRE`` when ttl > 0) only when the stored ``_ts``
-#: (a ``google.protobuf.Timestamp``: field 1 seconds, field 2 nanos, varints) is older. Returns how many were.
+#: Writes many rows in one command, keeping Feast's newest-wins rule: ``EVALSHA <sha> <keys> key… [progress]
+#: ttl m rows field… (ms value…)… [name value…]`` — for each of the ``rows`` keys, its row's event time in ms
+#: and its ``m`` values; a row is written (``HSET`` of the ``m`` fields, the last being ``_ts``, then
+#: ``EXPIRE`` when ttl > 0) only when the stored ``_ts`` (a ``google.protobuf.Timestamp``: field 1
+#: seconds, field 2 nanos, varints) is older. A key after the rows' is an engine's progress hash: the
+#: name/value pairs after the rows go into it (``HSET``, and the same ``EXPIRE``) in the same script,
+#: so rows and progress are written together or not at all. Returns how many rows were written.
 HSET_NEWER = """
 local function millis(b)
   local secs, nanos, i = 0, 0, 1
@@ -139,21 +142,30 @@ local function millis(b)
   end
   return secs * 1000 + math.floor(nanos / 1000000)
 end
-local ttl, m = tonumber(ARGV[1]), tonumber(ARGV[2])
+local ttl, m, rows = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local written = 0
-for i, key in ipairs(KEYS) do
-  local at = 2 + m + (i - 1) * (m + 1)
-  local stored = redis.call('HGET', key, ARGV[2 + m])
+for i = 1, rows do
+  local key = KEYS[i]
+  local at = 3 + m + (i - 1) * (m + 1)
+  local stored = redis.call('HGET', key, ARGV[3 + m])
   if (not stored) or millis(stored) < tonumber(ARGV[at + 1]) then
     local args = {}
     for j = 1, m do
-      args[2 * j - 1] = ARGV[2 + j]
+      args[2 * j - 1] = ARGV[3 + j]
       args[2 * j] = ARGV[at + 1 + j]
     end
     redis.call('HSET', key, unpack(args))
     if ttl > 0 then redis.call('EXPIRE', key, ttl) end
     written = written + 1
   end
+end
+local progress = KEYS[rows + 1]
+local first = 4 + m + rows * (m + 1)
+if progress and #ARGV >= first then
+  for i = first, #ARGV, 7000 do
+    redis.call('HSET', progress, unpack(ARGV, i, math.min(i + 6999, #ARGV)))
+  end
+  if ttl > 0 then redis.call('EXPIRE', progress, ttl) end
 end
 return written
 """

@@ -79,17 +79,25 @@ class OnlineWriter:
             return pipe.execute()
         return [-1 if (end := decode_value(raw)) is None else int(end) for raw in self._retrying("read", read)]
 
-    def flush(self) -> None:
-        """Write the staged rows newer than what Redis holds: one command, Feast's rule checked inside Redis."""
-        if not self._pending:
+    def flush(self, progress: tuple[bytes, dict[bytes, bytes]] | None = None) -> None:
+        """Write the staged rows newer than what Redis holds: one command, Feast's rule checked inside Redis.
+
+        ``progress``: a hash key and fields written by the same command (an engine's record of how far it
+        got, see ``streams.features.engine``), so that they and the rows land together or not at all.
+        """
+        if not self._pending and not (progress and progress[1]):
             return
         layout = self.layout
         rows = list(self._pending.values())
         keys = [layout.key(row[layout.join_key]) for row in rows]
-        args: list = [layout.key_ttl_s or 0, len(layout.read_fields), *layout.read_fields]
-        for row, values in zip(rows, layout.encode_rows(rows)):
+        args: list = [layout.key_ttl_s or 0, len(layout.read_fields), len(rows), *layout.read_fields]
+        for row, values in zip(rows, layout.encode_rows(rows)) if rows else ():
             args.append(layout.event_time_ms(row))
             args.extend(values)
+        if progress and progress[1]:
+            keys.append(progress[0])
+            for name, value in progress[1].items():
+                args += (name, value)
 
         def write() -> int:
             try:
@@ -102,6 +110,12 @@ class OnlineWriter:
         self.written += written
         self.skipped += len(rows) - written
         self._pending.clear()
+
+    def read_hash(self, key: bytes, fields: list[bytes]) -> list[bytes | None]:
+        """``HMGET key fields`` (retried while Redis is down, as writes are)."""
+        if not fields:
+            return []
+        return self._retrying("read", lambda: self.redis.hmget(key, fields))
 
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
         deadline = time.monotonic() + self.retry_s
