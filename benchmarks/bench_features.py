@@ -333,11 +333,12 @@ def memory_per_10k_devices() -> int:
     values = rng.normal(10, 2, (len(names), len(FEATURE_SET.inputs)))
     tracemalloc.start()
     before = tracemalloc.take_snapshot()
-    windows = BatchWindows(FEATURE_SET, position=lambda offset: (0, offset))
-    windows.register(names[:devices], [-1] * devices, [0] * devices)
+    windows = BatchWindows(FEATURE_SET, offset=lambda offset: offset)
+    windows.start(0)
     for at in range(0, len(names), batch):
         chunk = names[at:at + batch]
-        windows.add(windows.ids(chunk), ts[at:at + batch], values[at:at + batch], list(range(at, at + len(chunk))))
+        windows.add(windows.ids(chunk), np.zeros(len(chunk), dtype=np.int64), ts[at:at + batch], values[at:at + batch],
+                    list(range(at, at + len(chunk))))
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
     size = sum(s.size_diff for s in after.compare_to(before, "filename"))

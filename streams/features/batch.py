@@ -1,14 +1,13 @@
 """The embedded engine's window state, updated a micro-batch at a time with numpy.
 
-:class:`BatchWindows` holds the event-time windows of every entity one processor reads and takes
+:class:`BatchWindows` holds the event-time windows of every partition one processor reads and takes
 a whole decoded batch per call: which readings are late, which windows they join, which windows
 close, all computed with array operations over the batch; Python runs once per (entity, window)
 group of the batch and once per window closed, never once per reading. Its decisions are those of
-:class:`streams.features.compute.EntityWindows`, the per-reading state machine the other engines run
-(``tests/unit/test_features.py`` feeds both the same readings): per entity, a window
-``[start, start + size)`` closes when the entity's watermark (its newest event time) reaches
-``end + allowed_lateness``; a reading whose windows are all closed, or were emitted before a
-restart (``emitted_end``), is late.
+:class:`streams.features.compute.PartitionWindows`, the per-reading state machine the other engines
+run (``tests/unit/test_features.py`` feeds both the same readings): per partition, a window
+``[start, start + size)`` of any entity closes when the partition's stream time (its newest event
+time) reaches ``end + allowed_lateness``; a reading whose windows are all closed is late.
 
 A closed window's features come from :func:`streams.features.compute.compute_windows`, for every
 window a batch closed in one call.
@@ -17,8 +16,8 @@ window a batch closed in one call.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -52,7 +51,8 @@ class _Window:
 
 
 class Closed(NamedTuple):
-    """A window that closed: its entity, start, last reading's handle, and the reading that closed it."""
+    """A window that closed: its entity and start, its readings, and the reading whose event time closed it
+    (``None`` when its partition went quiet: ``BatchWindows.close_partition``)."""
 
     entity: str
     start: int
@@ -62,88 +62,77 @@ class Closed(NamedTuple):
 
 class Batch(NamedTuple):
     """What one batch did, per reading in input order: late (a dead letter), or a re-read of one already
-    counted before a restart (left out, counted); which windows closed; which entities it touched."""
+    counted before a restart (left out, counted); and which windows closed."""
 
     late: np.ndarray
     reread: np.ndarray
     closed: list[Closed]
-    entities: np.ndarray
 
 
-_UNSET = 2**62  # no open window (far enough from the int64 limit to add a window length to)
+class _Partition:
+    """The event-time state of one partition: stream time, closed windows, open windows by end."""
+
+    __slots__ = ("stream_time", "closed_through", "ends")
+
+    def __init__(self, closed_through: int, lateness: int):
+        self.closed_through = closed_through  # every window ending here or before is closed
+        self.stream_time = closed_through + lateness if closed_through >= 0 else -1
+        self.ends: list[tuple[int, int, int]] = []  # heap of (end, entity, start) of the open windows
 
 
 class BatchWindows:
-    """Per-entity event-time windows of every entity of one processor, fed a batch at a time."""
+    """Per-partition event-time windows of every entity one processor reads, fed a batch at a time."""
 
-    def __init__(self, fs: FeatureSet, position: Callable[[Any], tuple[int, int]]):
-        """``position(handle)``: the (partition, offset) of a reading, from the handle the engine passes with it."""
+    def __init__(self, fs: FeatureSet, offset: Callable[[Any], int]):
+        """``offset(handle)``: the offset of a reading in its partition, from the handle the engine passes with it."""
         self.fs = fs
-        self.position = position
+        self.offset = offset
         w = fs.window
         self.size, self.hop, self.lateness = w.size_ms, w.hop_ms, w.allowed_lateness_ms
         self.per_reading = w.size_ms // w.hop_ms  # windows each reading belongs to
         self._index: dict[str, int] = {}
         self._names: list[str] = []
-        self.watermark = np.empty(0, dtype=np.int64)
-        self.emitted_end = np.empty(0, dtype=np.int64)
-        self.partition = np.empty(0, dtype=np.int64)
-        self._oldest = np.empty(0, dtype=np.int64)  # start of each entity's oldest open window
-        self._recorded = np.empty(0, dtype=np.int64)  # closed_through as last handed out by changed_state
+        self.partitions: dict[int, _Partition] = {}
         self.open: dict[tuple[int, int], _Window] = {}  # (entity, start) → window
-        self._starts: dict[int, list[int]] = {}  # entity → starts of its open windows
         self._firsts: dict[int, list[tuple[int, int, int]]] = {}  # partition → heap of (offset, entity, start)
 
-    # -- entities --------------------------------------------------------------------------
-    def unknown(self, entities: list[str]) -> list[str]:
-        """The entities of ``entities`` not seen since start (or since their partition was revoked), once each."""
-        index = self._index
-        return list(dict.fromkeys(e for e in entities if e not in index))
-
-    def register(self, entities: list[str], closed_through: list[int], partitions: list[int]) -> None:
-        """Start tracking ``entities`` and their partition; ``closed_through`` is what :meth:`closed_through`
-        said of each before a restart (-1: nothing known): every window ending there or before is closed."""
-        first = len(self._names)
-        for i, entity in enumerate(entities):
-            self._index[entity] = first + i
-        self._names.extend(entities)
-        closed = np.asarray(closed_through, dtype=np.int64)
-        self.watermark = np.concatenate((self.watermark, np.where(closed >= 0, closed + self.lateness, -1)))
-        self.emitted_end = np.concatenate((self.emitted_end, closed))
-        self._recorded = np.concatenate((self._recorded, closed))
-        self.partition = np.concatenate((self.partition, np.asarray(partitions, dtype=np.int64)))
-        self._oldest = np.concatenate((self._oldest, np.full(len(entities), _UNSET, dtype=np.int64)))
-
-    def name(self, entity: int) -> str:
-        return self._names[entity]
-
-    def closed_through(self, entities: np.ndarray) -> np.ndarray:
-        """The end of the newest window closed for each entity: every window ending there or before is closed.
-
-        Window ends are multiples of the hop, so this one number says what the watermark says of every
-        window (closed iff ``end + allowed_lateness <= watermark``), and it changes once per hop of event
-        time, not with every reading: it is what a restart needs (``streams.features.progress``).
-        """
-        wm = self.watermark[entities]
-        reached = np.where(wm >= 0, (wm - self.lateness) // self.hop * self.hop, -1)
-        return np.maximum(self.emitted_end[entities], reached)
-
-    def changed_state(self, entities: np.ndarray) -> list[tuple[str, int]]:
-        """(entity, closed_through) of ``entities`` whose closed_through moved since it was last handed out."""
-        now = self.closed_through(entities)
-        moved = now != self._recorded[entities]
-        self._recorded[entities[moved]] = now[moved]
-        return [(self._names[e], x) for e, x in zip(entities[moved].tolist(), now[moved].tolist())]
-
+    # -- entities and partitions -----------------------------------------------------------
     def ids(self, entities: list[str]) -> np.ndarray:
-        index = self._index
-        return np.fromiter((index[e] for e in entities), dtype=np.int64, count=len(entities))
+        """The ids of ``entities`` (each seen for the first time gets the next one)."""
+        index, names = self._index, self._names
+        out = np.empty(len(entities), dtype=np.int64)
+        for i, entity in enumerate(entities):
+            got = index.get(entity)
+            if got is None:
+                got = index[entity] = len(names)
+                names.append(entity)
+            out[i] = got
+        return out
+
+    def unknown(self, partitions: np.ndarray) -> list[int]:
+        """The partitions of ``partitions`` not seen since start (or since they were revoked)."""
+        return sorted(set(np.unique(partitions).tolist()) - self.partitions.keys())
+
+    def start(self, partition: int, closed_through: int = -1) -> None:
+        """Track ``partition``: every window ending at ``closed_through`` or before is closed (a restart's record)."""
+        self.partitions[partition] = _Partition(closed_through, self.lateness)
+
+    def closed_through(self, partition: int) -> int:
+        """The end of the newest window closed in ``partition``: every window ending there or before is closed.
+
+        Window ends are multiples of the hop, so this one number says what the stream time says of every
+        window (closed iff ``end + allowed_lateness <= stream time``), and it moves once per hop of event
+        time: it is what a restart needs (``streams.features.progress``).
+        """
+        state = self.partitions[partition]
+        reached = (state.stream_time - self.lateness) // self.hop * self.hop if state.stream_time >= 0 else -1
+        return max(state.closed_through, reached)
 
     # -- one batch -------------------------------------------------------------------------
-    def add(self, entities: np.ndarray, ts: np.ndarray, values: np.ndarray, handles: list,
+    def add(self, entities: np.ndarray, partitions: np.ndarray, ts: np.ndarray, values: np.ndarray, handles: list,
             reread: np.ndarray | None = None) -> Batch:
-        """Add a batch of readings (arrival order): ``entities`` from :meth:`ids`, event times, input values
-        (rows × inputs, NaN = missing), and each reading's handle (its position, its headers).
+        """Add a batch of readings (arrival order): ``entities`` from :meth:`ids`, their partitions (each started),
+        event times, input values (rows × inputs, NaN = missing), and each reading's handle.
 
         ``reread`` marks the readings processed before a restart (below the offset its progress recorded):
         those of windows still open rebuild them; the others were counted in a window emitted before, or
@@ -151,31 +140,35 @@ class BatchWindows:
         """
         n = len(ts)
         if n == 0:
-            return Batch(np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), [], np.zeros(0, dtype=np.int64))
-        order = np.argsort(entities, kind="stable")  # by entity, arrival order within each
-        ent, t = entities[order], ts[order]
-        head = np.flatnonzero(np.concatenate(([True], ent[1:] != ent[:-1])))
+            return Batch(np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), [])
+        order = np.argsort(partitions, kind="stable")  # by partition, arrival order within each
+        part, t = partitions[order], ts[order]
+        head = np.flatnonzero(np.concatenate(([True], part[1:] != part[:-1])))
         segment = np.repeat(np.arange(len(head)), np.diff(np.append(head, n)))
-        uniq = ent[head]
-        # the entity's watermark once each reading is counted: its newest event time so far
-        wm = _segmented_cummax(np.maximum(t, self.watermark[uniq][segment]), segment, head)
+        states = [self.partitions[p] for p in part[head].tolist()]
+        before = np.array([s.stream_time for s in states], dtype=np.int64)
+        closed_through = np.array([s.closed_through for s in states], dtype=np.int64)
+        # the partition's stream time once each reading is counted: its newest event time so far
+        stream = _segmented_cummax(np.maximum(t, before[segment]), segment, head)
         last = t - t % self.hop
-        k = self.per_reading
-        candidates = last[:, None] - np.arange(k)[None, :] * self.hop  # every window start of each reading
+        candidates = last[:, None] - np.arange(self.per_reading)[None, :] * self.hop  # every window start
         ends = candidates + self.size
-        takes = (ends + self.lateness > wm[:, None]) & (ends > self.emitted_end[ent][:, None])
+        takes = (ends + self.lateness > stream[:, None]) & (ends > closed_through[segment][:, None])
         refused = np.empty(n, dtype=bool)
         refused[order] = ~takes.any(axis=1)
         again = refused & reread if reread is not None else np.zeros(n, dtype=bool)
-        self._join(ent, candidates, takes, order, t, values, handles)
-        tail = np.append(head[1:], n) - 1
-        self.watermark[uniq] = wm[tail]
-        return Batch(refused & ~again, again, self._close(uniq, head, tail, wm, order, handles), uniq)
+        self._join(entities[order], part, candidates, takes, order, t, values, handles)
+        tails = np.append(head[1:], n) - 1
+        closed = []
+        for state, a, b in zip(states, head.tolist(), tails.tolist()):
+            state.stream_time = int(stream[b])
+            closed += self._close(state, stream[a:b + 1], order[a:b + 1], handles)
+        return Batch(refused & ~again, again, closed)
 
-    def _join(self, ent: np.ndarray, candidates: np.ndarray, takes: np.ndarray, order: np.ndarray, t: np.ndarray,
-              values: np.ndarray, handles: list) -> None:
+    def _join(self, ent: np.ndarray, part: np.ndarray, candidates: np.ndarray, takes: np.ndarray, order: np.ndarray,
+              t: np.ndarray, values: np.ndarray, handles: list) -> None:
         """Append each accepted reading to its windows: one span per (entity, window) of the batch."""
-        row, j = np.nonzero(takes)  # row-major: (entity, arrival) order, then window
+        row, j = np.nonzero(takes)  # row-major: (partition, arrival) order, then window
         if not len(row):
             return
         e, s = ent[row], candidates[row, j]
@@ -186,40 +179,49 @@ class BatchWindows:
         chunk = _Chunk(t[row], values[source], source, handles)
         bounds = np.append(cut, len(row)).tolist()
         windows = self.open
-        for a, b, entity, start in zip(bounds[:-1], bounds[1:], e[cut].tolist(), s[cut].tolist()):
+        for a, b, entity, start, partition in zip(bounds[:-1], bounds[1:], e[cut].tolist(), s[cut].tolist(),
+                                                  part[row[cut]].tolist()):
             window = windows.get((entity, start))
             if window is None:
-                window = windows[(entity, start)] = self._new(entity, start, handles[int(source[a])])
+                window = windows[(entity, start)] = self._new(entity, start, partition, handles[int(source[a])])
             window.spans.append((chunk, a, b))
 
-    def _new(self, entity: int, start: int, first: Any) -> _Window:
-        partition, offset = self.position(first)
+    def _new(self, entity: int, start: int, partition: int, first: Any) -> _Window:
+        offset = self.offset(first)
         window = _Window(start, (partition, offset))
         heapq.heappush(self._firsts.setdefault(partition, []), (offset, entity, start))
-        self._starts.setdefault(entity, []).append(start)
-        if start < self._oldest[entity]:
-            self._oldest[entity] = start
+        heapq.heappush(self.partitions[partition].ends, (start + self.size, entity, start))
         return window
 
-    def _close(self, uniq: np.ndarray, head: np.ndarray, tail: np.ndarray, wm: np.ndarray, order: np.ndarray,
-               handles: list) -> list[Closed]:
-        """Close the windows of the batch's entities that their watermark passed, oldest first per entity."""
-        reach = self.size + self.lateness
-        due = np.flatnonzero(self._oldest[uniq] + reach <= self.watermark[uniq])
-        closed = []
-        for i in due.tolist():
-            entity = int(uniq[i])
-            starts, watermark = self._starts[entity], int(self.watermark[entity])
-            segment_wm = wm[head[i]:tail[i] + 1]
-            starts.sort()
-            while starts and starts[0] + reach <= watermark:
-                start = starts.pop(0)
-                window = self.open.pop((entity, start))
-                closer = handles[int(order[head[i] + int(np.searchsorted(segment_wm, start + reach))])]
-                closed.append(Closed(self._names[entity], start, window, closer))
-                self.emitted_end[entity] = max(int(self.emitted_end[entity]), start + self.size)
-            self._oldest[entity] = starts[0] if starts else _UNSET
+    def _close(self, state: _Partition, stream: np.ndarray, arrivals: np.ndarray, handles: list) -> list[Closed]:
+        """Close the windows of one partition that its stream time passed, each with the reading that closed it
+        (``stream``: the partition's stream time at each of its readings of the batch, ``arrivals``: their
+        indexes into the batch)."""
+        ends, closed = state.ends, []
+        while ends and ends[0][0] + self.lateness <= state.stream_time:
+            end, entity, start = heapq.heappop(ends)
+            window = self.open.pop((entity, start))
+            closer = handles[int(arrivals[int(np.searchsorted(stream, end + self.lateness))])]
+            closed.append(Closed(self._names[entity], start, window, closer))
+            state.closed_through = max(state.closed_through, end)
         return closed
+
+    def close_partition(self, partition: int) -> list[Closed]:
+        """Close every open window of ``partition`` (it went quiet): its stream time moves past them."""
+        state = self.partitions[partition]
+        if not state.ends:
+            return []
+        state.stream_time = max(state.stream_time, max(end for end, _, _ in state.ends) + self.lateness)
+        closed = []
+        while state.ends:
+            end, entity, start = heapq.heappop(state.ends)
+            closed.append(Closed(self._names[entity], start, self.open.pop((entity, start)), None))
+            state.closed_through = max(state.closed_through, end)
+        return closed
+
+    def has_open(self, partition: int) -> bool:
+        state = self.partitions.get(partition)
+        return state is not None and bool(state.ends)
 
     # -- features of closed windows --------------------------------------------------------
     def features(self, closed: list[Closed]) -> tuple[np.ndarray, np.ndarray]:
@@ -248,22 +250,12 @@ class BatchWindows:
         return None
 
     def forget(self, partitions: set[int]) -> None:
-        """Drop every entity of ``partitions`` (revoked: their new owner rebuilds them from the committed offsets)."""
-        gone = set(np.flatnonzero(np.isin(self.partition, list(partitions))).tolist())
-        if not gone:
-            return
-        keep = [i for i in range(len(self._names)) if i not in gone]
-        remap = {old: new for new, old in enumerate(keep)}
-        self.open = {(remap[e], s): w for (e, s), w in self.open.items() if e in remap}
-        self._starts = {remap[e]: starts for e, starts in self._starts.items() if e in remap}
-        self._firsts = {p: [(o, remap[e], s) for o, e, s in heap if e in remap]
-                        for p, heap in self._firsts.items() if p not in partitions}
-        for heap in self._firsts.values():
-            heapq.heapify(heap)
-        self.watermark, self.emitted_end = self.watermark[keep], self.emitted_end[keep]
-        self.partition, self._oldest, self._recorded = self.partition[keep], self._oldest[keep], self._recorded[keep]
-        self._names = [self._names[i] for i in keep]
-        self._index = {name: i for i, name in enumerate(self._names)}
+        """Drop the windows of ``partitions`` (revoked: their new owner rebuilds them from the committed offsets)."""
+        for p in partitions:
+            state = self.partitions.pop(p, None)
+            for _, entity, start in state.ends if state is not None else ():
+                self.open.pop((entity, start), None)
+            self._firsts.pop(p, None)
 
 
 def _segmented_cummax(x: np.ndarray, segment: np.ndarray, head: np.ndarray) -> np.ndarray:

@@ -1,18 +1,20 @@
-"""The window math and the per-entity window state, shared by every engine.
+"""The window math and the event-time window state, shared by every engine.
 
 ``compute_window`` evaluates a declared feature set over one window's readings: the one
 function every engine calls, and an app's training script too (so training and serving
-compute the same features). ``EntityWindows`` is the event-time state of
-one entity: which windows are open, its watermark (newest event time seen), which
-windows it has emitted. The embedded engine, the Faust job and the PyFlink job each
-keep one per entity and feed it records in partition order, so they emit identical
-rows. Pure Python and numpy: the Flink job environment imports it too.
+compute the same features); ``compute_windows`` is the same for many windows at once.
+``PartitionWindows`` is the event-time state of one partition, reading by reading: which windows
+are open, the partition's stream time, which windows are closed. The Faust job, the PyFlink job and
+the shadow comparison keep one per partition and feed it records in partition order; the embedded
+engine's batch twin (``streams.features.batch.BatchWindows``) makes the same decisions a batch at a
+time, so they all emit identical rows. Pure Python and numpy: the Flink job environment imports it too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -139,48 +141,55 @@ class OpenWindow:
 
 
 @dataclass
-class EntityWindows:
-    """Event-time windows of one entity, closed when its watermark passes end + allowed lateness.
+class PartitionWindows:
+    """Event-time windows of the entities of one partition, closed by the partition's stream time.
 
-    The watermark is the newest event time seen for the entity. A reading whose windows
-    are all closed or already emitted is late: ``add`` says so and changes nothing.
+    The stream time is the newest event time read from the partition, whatever the entity (Kafka
+    Streams' stream time; a Flink Kafka source's per-partition watermark before the allowed
+    lateness). A window ``[start, start + size)`` of any entity closes when it reaches
+    ``end + allowed_lateness``; a reading whose windows are all closed is late: ``add`` says so and
+    changes no window. ``closed_through``: every window ending there or before is closed (what a
+    restart resumes from; what ``close_all`` moves on when the partition goes quiet).
     """
 
     fs: FeatureSet
-    open: dict[int, OpenWindow] = field(default_factory=dict)
-    watermark: int = -1
-    emitted_end: int = -1  # end of the newest window emitted
+    open: dict[tuple[str, int], OpenWindow] = field(default_factory=dict)
+    stream_time: int = -1
+    closed_through: int = -1
 
-    def add(self, ts: int, row: list[float], position: Any = None, handle: Any = None) -> tuple[bool, list[dict]]:
-        """Add one reading. Returns (accepted, rows of the windows this reading closed)."""
+    def add(self, entity: str, ts: int, row: list[float], position: Any = None,
+            handle: Any = None) -> tuple[bool, list[dict]]:
+        """Add one reading. Returns (accepted, rows of the windows it closed, each with its ``entity``)."""
         w = self.fs.window
-        starts = [s for s in w.starts(ts) if s + w.size_ms > self.emitted_end and not self._closed(s)]
+        reach = w.size_ms + w.allowed_lateness_ms
+        stream_time = max(self.stream_time, ts)
+        starts = [s for s in w.starts(ts) if s + reach > stream_time and s + w.size_ms > self.closed_through]
+        self.stream_time = stream_time
         if not starts:
             return False, []
         for start in starts:
-            window = self.open.get(start)
+            window = self.open.get((entity, start))
             if window is None:
-                window = self.open[start] = OpenWindow(start, position)
+                window = self.open[(entity, start)] = OpenWindow(start, position)
             window.ts.append(ts)
             window.rows.append(row)
             window.last = handle
-        if ts > self.watermark:
-            self.watermark = ts
-            return True, self._close_ready()
-        return True, []
+        return True, self._close(lambda start: start + reach <= stream_time)
 
-    def _closed(self, start: int) -> bool:
+    def close_all(self) -> list[dict]:
+        """Close every open window (the partition went quiet): its stream time moves past them."""
         w = self.fs.window
-        return start not in self.open and start + w.size_ms + w.allowed_lateness_ms <= self.watermark
+        if self.open:
+            last_end = max(start for _, start in self.open) + w.size_ms
+            self.stream_time = max(self.stream_time, last_end + w.allowed_lateness_ms)
+        return self._close(lambda start: True)
 
-    def _close_ready(self) -> list[dict]:
-        w = self.fs.window
-        ready = sorted(s for s in self.open if s + w.size_ms + w.allowed_lateness_ms <= self.watermark)
+    def _close(self, due: Callable[[int], bool]) -> list[dict]:
         rows = []
-        for start in ready:
-            window = self.open.pop(start)
-            rows.append({"start": start, "window": window, **finish(self.fs, window)})
-            self.emitted_end = max(self.emitted_end, start + w.size_ms)
+        for entity, start in sorted(key for key in self.open if due(key[1])):
+            window = self.open.pop((entity, start))
+            rows.append({"entity": entity, "start": start, "window": window, **finish(self.fs, window)})
+            self.closed_through = max(self.closed_through, start + self.fs.window.size_ms)
         return rows
 
 

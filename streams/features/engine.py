@@ -1,13 +1,16 @@
 """The embedded feature engine: a ``Processor`` in the one delivery loop (``streams.delivery``).
 
-Event-time windows per entity, as the feature set declares them, closed when the entity's
-watermark (its newest event time) passes the window end plus the allowed lateness.
-Readings for a window already closed are late: counted and sent to the DLQ, never dropped.
+Event-time windows per entity, as the feature set declares them, closed when the stream time of
+their partition (its newest event time, whatever the entity) passes the window end plus the allowed
+lateness — Kafka Streams' stream time, a Flink Kafka source's per-partition watermark — so an entity
+that goes quiet does not hold its windows, nor its partition's committed offset, open. A partition
+that goes quiet has its windows closed after ``idle_partition_s``. Readings for a window already
+closed are late: counted and sent to the DLQ, never dropped.
 
 State and offsets: open windows live in memory; the committed offset of a partition never
 passes the first offset of a window still open there, so a restarted job rebuilds its
 windows by re-reading. How far it got (per partition the offset below which everything was
-processed and acknowledged, per entity its watermark and newest emitted window) is written to
+processed and acknowledged, and the newest window closed there) is written to
 Redis with the rows, after the broker acknowledged them (``streams.features.progress``): after a
 restart, a reading below that mark either rebuilds a window still open or, its window emitted
 before, is a re-read — counted, never dead-lettered as late — and no window is emitted twice
@@ -22,6 +25,7 @@ serves it and the rules read it (``online_layout``).
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 from confluent_kafka import TopicPartition
@@ -31,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from streams.avro import AvroCodec
 from streams.wire import WireFormatError
 from streams.context import BuildContext
-from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
+from streams.delivery import H_EVENT_ID, H_INGEST_MS, Output, Processor, Record, carry_headers, dead_letter
 from streams.features.batch import BatchWindows, Closed
 from streams.errors import TopologyError
 from streams.features.layout import FeastLayout
@@ -45,6 +49,9 @@ from streams.topology import Topology
 log = logging.getLogger("tangram.features")
 
 LATE = Counter("tangram_features_late_records_total", "Readings that arrived after their window closed.", ["processor"])
+IDLE_CLOSED = Counter("tangram_features_idle_closed_windows_total",
+                      "Windows closed because their partition went quiet (idle_partition_s), not by event time.",
+                      ["processor"])
 
 
 class WindowFeaturesSettings(BaseModel):
@@ -56,6 +63,9 @@ class WindowFeaturesSettings(BaseModel):
                                                              "one and compared with it; never served.")
     shadow_topic: str | None = Field(None, description="Where differing shadow rows are sampled (JSON); an output.")
     shadow_sample_every: int = Field(1, ge=1, description="Send one differing row in N to the shadow topic.")
+    idle_partition_s: float = Field(30.0, gt=0, description="A partition that brought no reading for this long has "
+                                                             "its open windows closed and emitted (its stream time "
+                                                             "moves past them); later readings of them are late.")
 
 
 def online_layout(topology: Topology, processor: str = "features") -> FeastLayout:
@@ -86,8 +96,9 @@ class WindowFeatures(Processor):
         self.fs = feature_set
         self.layout = FeastLayout.of(self.fs, project)
         self.store = OnlineWriter(redis_url, self.layout, retry_s=settings.redis_retry_s)
-        self.windows = BatchWindows(self.fs, position=lambda r: (r.partition, r.offset))
+        self.windows = BatchWindows(self.fs, offset=lambda r: r.offset)
         self.progress = Progress(self.store, source_topic, self.name)
+        self._heard: dict[int, float] = {}  # partition → when a batch last brought a reading of it (monotonic)
         self._batch_in = input_codec.batch
         if output_codec.batch is None:
             raise TopologyError(f"the output schema {output_codec.subject!r} is not a flat record of the feature set's "
@@ -128,14 +139,17 @@ class WindowFeatures(Processor):
         entities, n = columns[key], len(records)
         partitions = np.fromiter((r.partition for r in records), dtype=np.int64, count=n)
         offsets = np.fromiter((r.offset for r in records), dtype=np.int64, count=n)
+        if unknown := windows.unknown(partitions):
+            for partition, closed_through in self.progress.start(unknown).items():
+                windows.start(partition, closed_through)
         reread = self.progress.reread(partitions, offsets)
-        if unknown := windows.unknown(entities):
-            partition_of = {e: r.partition for e, r in zip(entities, records)}
-            windows.register(unknown, self.progress.entities(unknown), [partition_of[e] for e in unknown])
         ts = np.asarray(columns[ts_field], dtype=np.int64)
         values = np.column_stack([columns[name] for name in fs.inputs])
-        result = windows.add(windows.ids(entities), ts, values, records, reread)
-        self.progress.advance(partitions, offsets, result.entities)
+        result = windows.add(windows.ids(entities), partitions, ts, values, records, reread)
+        self.progress.advance(partitions, offsets)
+        now = time.monotonic()
+        for partition in np.unique(partitions).tolist():
+            self._heard[partition] = now
         if again := int(result.reread.sum()):
             REREAD.labels(self.name).inc(again)
         for i in np.flatnonzero(result.late).tolist():
@@ -146,7 +160,29 @@ class WindowFeatures(Processor):
             self._shadow(records, entities, ts, values, outputs)
         if result.closed:
             outputs.extend(self._emit(result.closed))
+        outputs.extend(self._close_quiet(now))
         return outputs
+
+    def idle(self) -> list[Output]:
+        """Nothing was fetched: close the windows of partitions quiet for ``idle_partition_s``."""
+        return self._close_quiet(time.monotonic())
+
+    def _close_quiet(self, now: float) -> list[Output]:
+        """The windows of every partition that brought no reading for ``idle_partition_s``, closed and emitted:
+        a quiet partition holds neither its last windows nor, once it sends again, its committed offset."""
+        closed, outputs = [], []
+        for partition, heard in self._heard.items():
+            if now - heard >= self.settings.idle_partition_s and self.windows.has_open(partition):
+                quiet = self.windows.close_partition(partition)
+                IDLE_CLOSED.labels(self.name).inc(len(quiet))
+                log.info("%s: %s[%d] quiet for %.0fs: %d open windows closed", self.name, self.progress.topic,
+                         partition, now - heard, len(quiet))
+                self.progress.closed(partition)
+                closed += quiet
+                if self.shadow is not None:
+                    differences = self.shadow.close_partition(TopicPartition(self.progress.topic, partition))
+                    outputs += self._sampled(differences, quiet[0].window.last)
+        return (self._emit(closed) if closed else []) + outputs
 
     def _decode(self, batch: list[Record], outputs: list[Output]) -> tuple[dict, list[Record]]:
         """The batch's columns (entity, event time, inputs with NaN for null) and the records they came from.
@@ -184,14 +220,17 @@ class WindowFeatures(Processor):
         outputs = []
         names = fs.columns
         for i, (c, value) in enumerate(zip(closed, encoded)):
-            source = c.closer if H_TRACE_ID in c.closer.headers else c.window.last
-            headers = carry_headers(source, **{H_EVENT_ID: f"{c.entity}:{c.start}"})
+            # the trace of the window's own newest reading; the ingest time of the reading that closed it
+            # (another entity's, perhaps: the stream time is the partition's), where the window's latency starts
+            headers = carry_headers(c.window.last, **{H_EVENT_ID: f"{c.entity}:{c.start}"})
+            if c.closer is not None and H_INGEST_MS in c.closer.headers:
+                headers[H_INGEST_MS] = c.closer.headers[H_INGEST_MS]
             outputs.append(Output(self.output_topic, c.entity, value, headers))
             row = dict(zip(names, (c.entity, int(starts[i]), int(starts[i]) + fs.window.size_ms, int(counts[i]),
                                    *features[i].tolist())))
             self.store.stage(row)
             if self.shadow is not None:
-                outputs.extend(self._sampled(self.shadow.live(c.entity, row), c.closer))
+                outputs.extend(self._sampled(self.shadow.live(c.entity, row), c.window.last))
         return outputs
 
     def _shadow(self, records: list[Record], entities: list[str], ts: np.ndarray, values: np.ndarray,
@@ -225,8 +264,10 @@ class WindowFeatures(Processor):
 
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
         """Forget the entities of revoked partitions: their new owner rebuilds their windows from the committed offsets."""
-        self.windows.forget({p.partition for p in partitions})
-        self.progress.forget({p.partition for p in partitions})
+        gone = {p.partition for p in partitions}
+        self.windows.forget(gone)
+        self.progress.forget(gone)
+        self._heard = {p: t for p, t in self._heard.items() if p not in gone}
 
     def close(self) -> None:
         self.store.close()

@@ -1,19 +1,22 @@
 """The feature set as a Faust app (faust-streaming): an embedded engine with changelog-backed state.
 
-One agent reads the source topic (Confluent-framed Avro, keyed by entity); the per-entity
-event-time state (``streams.features.compute.EntityWindows``: open windows, watermark, newest
-window emitted) lives in a Faust ``Table`` whose changelog topic
-(``<group>-entity_windows-changelog``) restores it when a worker restarts.
+One agent reads the source topic (Confluent-framed Avro, keyed by entity); the event-time state
+of each partition (``streams.features.compute.PartitionWindows``: open windows of its entities,
+its stream time, what is closed) lives in a Faust ``Table``, one key per partition, whose changelog
+topic (``<group>-entity_windows-changelog``) restores it when a worker restarts. Writing the whole
+partition's open windows on every reading is what makes this engine the slow one; the embedded
+engine is the fast path. It has no idle-partition timeout: a quiet partition keeps its last windows
+open until it sends again.
 
 Why a plain table and not Faust's ``.tumbling()`` window sets: Faust closes windows on one
 stream-time clock for the whole table and expires them by wall time, while the declared
-semantics close a window when *its entity's* newest event time passes its end plus the
+semantics close a window when *its partition's* newest event time passes its end plus the
 allowed lateness. Keeping the shared state machine in a changelogged table gives identical
 rows to the other engines (``tests/integration/test_parity.py``) and Faust's recovery.
 
 Delivery: a window's output record is acknowledged by the broker before the state that
 says "emitted" is written to the table, and the state remembers the offset of the last
-reading applied, so a reading re-delivered after a crash is not counted twice: outputs may
+reading applied to its partition, so a reading re-delivered after a crash is not counted twice: outputs may
 repeat (same ``event_id``), never go missing. Late readings go to the DLQ topic. The newest row
 of each entity goes to the online store, Feast's Redis store (``streams.features.layout``), under
 the Feast project ``--project``.
@@ -35,7 +38,7 @@ import faust
 
 from streams.avro import codec
 from streams.wire import WireFormatError
-from streams.features.compute import EntityWindows, output_row
+from streams.features.compute import PartitionWindows, output_row
 from streams.features.layout import FeastLayout
 from streams.features.online import OnlineWriter
 from streams.features.spec import load_feature_set
@@ -76,14 +79,12 @@ def build_app(args: argparse.Namespace) -> faust.App:
         async for event in stream.events():
             msg = event.message
             entity = event.key.decode("utf-8") if event.key is not None else ""
-            saved = table.get(event.key)
-            state = EntityWindows(fs)
-            applied: dict[int, int] = {}
-            if saved is None:
-                (state.emitted_end,) = store.emitted_ends([entity])
-            else:
-                state.watermark, state.emitted_end, state.open, applied = pickle.loads(saved)
-            if msg.offset <= applied.get(msg.partition, -1):
+            key = b"partition:%d" % msg.partition  # the state of the partition's windows, in its changelog partition
+            saved = table.get(key)
+            state, applied = PartitionWindows(fs), -1
+            if saved is not None:
+                state.stream_time, state.closed_through, state.open, applied = pickle.loads(saved)
+            if msg.offset <= applied:
                 continue  # re-delivered after a restart: already in the state
             try:
                 reading = in_codec.decode(event.value)
@@ -92,19 +93,18 @@ def build_app(args: argparse.Namespace) -> faust.App:
                 continue
             row = [math.nan if reading[s] is None else reading[s] for s in fs.inputs]
             carried = {k: v for k, v in dict(msg.headers or ()).items() if k in CARRIED}
-            accepted, closed = state.add(reading[fs.source.timestamp_field], row, None, carried)
+            accepted, closed = state.add(entity, reading[fs.source.timestamp_field], row, None, carried)
             if not accepted:
                 await dead_letter(event, "late", f"reading at {reading[fs.source.timestamp_field]} is late: "
                                                  "its windows are already closed")
             for window in closed:
-                out = output_row(fs, entity, window)
-                headers = {**(window["window"].last or {}), **carried, "event_id": f"{entity}:{window['start']}".encode()}
-                await (await output.send(key=event.key, value=out_codec.encode(out), headers=headers))
+                out = output_row(fs, window["entity"], window)
+                headers = {**(window["window"].last or {}), "event_id": f"{window['entity']}:{window['start']}".encode()}
+                await (await output.send(key=window["entity"].encode(), value=out_codec.encode(out), headers=headers))
                 store.stage(out)
             if closed:
                 store.flush()
-            applied = {**applied, msg.partition: msg.offset}
-            table[event.key] = pickle.dumps((state.watermark, state.emitted_end, state.open, applied))
+            table[key] = pickle.dumps((state.stream_time, state.closed_through, state.open, msg.offset))
 
     return app
 

@@ -68,17 +68,6 @@ class OnlineWriter:
         if current is None or self.layout.event_time_ms(row) >= self.layout.event_time_ms(current):
             self._pending[entity] = row
 
-    def emitted_ends(self, entities: list[str]) -> list[int]:
-        """The ``window_end`` stored for each entity (-1 when none): its windows up to there were emitted."""
-        field = self.layout.hashes[self.layout.event_time_field]
-
-        def read() -> list:
-            pipe = self.redis.pipeline(transaction=False)
-            for entity in entities:
-                pipe.hget(self.layout.key(entity), field)
-            return pipe.execute()
-        return [-1 if (end := decode_value(raw)) is None else int(end) for raw in self._retrying("read", read)]
-
     def flush(self, progress: tuple[bytes, dict[bytes, bytes]] | None = None) -> None:
         """Write the staged rows newer than what Redis holds: one command, Feast's rule checked inside Redis.
 

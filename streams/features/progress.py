@@ -9,18 +9,17 @@ call those readings late, and dead-letter good data (issue 21: 9,000 readings of
 written by the same command as the batch's rows (``OnlineWriter.flush``), after the broker has
 acknowledged the batch's outputs: so it never claims more than was delivered.
 
-- ``p:<topic>:<partition>`` → the offset below which every reading was processed and its outputs
-  (windows, dead letters) acknowledged: the **mark**;
-- ``e:<entity>`` → the end of the newest window closed for the entity at that mark
-  (``BatchWindows.closed_through``): every window ending there or before is closed. It moves once per
-  hop of event time, not with every reading, so a flush records only the few entities whose value moved.
+- ``p:<topic>:<partition>`` → ``"<mark> <closed_through>"``: the offset below which every reading of the
+  partition was processed and its outputs (windows, dead letters) acknowledged, and the end of the
+  newest window closed there (``BatchWindows.closed_through``: every window ending there or before is
+  closed; it moves once per hop of event time).
 
-On start, an entity resumes from what was recorded (its windows ending there or before are closed),
-and a reading below its partition's mark is a **re-read**: one of a window still open rebuilds it (it
-was accepted the first time: its window was open then, as it still is); one of a window already
-closed was counted in a window emitted before, or dead-lettered then, and is left out and counted,
-never dead-lettered again. Readings from the mark on are new. A batch acknowledged but not flushed
-before the crash is read again as new: its windows come out a second time, identical (at-least-once).
+On start, a partition resumes from its record (its stream time as far as its closed windows say), and
+a reading below its mark is a **re-read**: one of a window still open rebuilds it (it was accepted the
+first time: its window was open then, as it still is); one of a window already closed was counted in a
+window emitted before, or dead-lettered then, and is left out and counted, never dead-lettered again.
+Readings from the mark on are new. A batch acknowledged but not recorded before the crash is read again
+as new: its windows come out a second time, identical (at-least-once).
 
 How much a restart re-reads is bounded by the committed offsets: per partition, the readings from the
 first reading of the oldest window still open (at most window size + allowed lateness of event time,
@@ -30,7 +29,6 @@ or the idle timeouts, behind) up to the mark. ``tangram_features_rebuild_records
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
 import numpy as np
 from prometheus_client import Counter
@@ -55,7 +53,7 @@ def progress_key(layout: FeastLayout) -> bytes:
 
 
 class Progress:
-    """The marks of the partitions one engine reads and the recorded state of its entities (see the module)."""
+    """The record of the partitions one engine reads: marks and closed windows (see the module)."""
 
     def __init__(self, store: OnlineWriter, topic: str, processor: str):
         self.store = store
@@ -63,29 +61,29 @@ class Progress:
         self.processor = processor
         self.key = progress_key(store.layout)
         self._marks: dict[int, int] = {}  # partition → offset below which readings were processed before
-        self._positions: dict[int, int] = {}  # partition → next offset, for the batches not yet flushed
-        self._touched: list[np.ndarray] = []  # entities of the batches since the last flush
+        self._positions: dict[int, int] = {}  # partition → next offset to record
+        self._changed: set[int] = set()  # partitions to record at the next flush
         #: Readings read again below the marks since start, per partition (the rebuild's size).
         self.rebuilt: dict[int, int] = {}
 
     def _field(self, partition: int) -> bytes:
         return f"p:{self.topic}:{partition}".encode()
 
-    def entities(self, names: Sequence[str]) -> list[int]:
-        """The recorded closed_through of entities first seen since start (-1 when none)."""
-        raw = self.store.read_hash(self.key, [b"e:" + n.encode() for n in names])
-        return [int(value) if value else -1 for value in raw]
+    def start(self, partitions: list[int]) -> dict[int, int]:
+        """Read the record of partitions first seen since start; returns each one's closed_through (-1: none)."""
+        closed = {}
+        for p, raw in zip(partitions, self.store.read_hash(self.key, [self._field(p) for p in partitions])):
+            mark, closed[p] = (int(x) for x in raw.split()) if raw else (-1, -1)
+            self._marks[p] = mark
+            if mark > 0:
+                self._positions[p] = mark
+                log.info("%s: %s[%d] was processed up to offset %d before this start: readings below it "
+                         "rebuild open windows or are re-reads", self.processor, self.topic, p, mark)
+        return closed
 
     def reread(self, partitions: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
         """Which readings of a batch lie below their partition's mark (``None``: none can)."""
-        new = sorted(set(np.unique(partitions).tolist()) - self._marks.keys())
-        if new:
-            for p, raw in zip(new, self.store.read_hash(self.key, [self._field(p) for p in new])):
-                self._marks[p] = int(raw) if raw else -1
-                if raw:
-                    log.info("%s: %s[%d] was processed up to offset %d before this start: readings below it "
-                             "rebuild open windows or are re-reads", self.processor, self.topic, p, int(raw))
-        if not any(self._marks[p] > 0 for p in np.unique(partitions).tolist()):
+        if not any(self._marks.get(p, -1) > 0 for p in np.unique(partitions).tolist()):
             return None
         marks = np.array([self._marks[p] for p in partitions.tolist()], dtype=np.int64)
         below = offsets < marks
@@ -96,31 +94,32 @@ class Progress:
             REBUILD.labels(self.processor).inc(int(below.sum()))
         return below
 
-    def advance(self, partitions: np.ndarray, offsets: np.ndarray, entities: np.ndarray) -> None:
-        """A batch was processed: its positions and entities go into the next flush."""
+    def advance(self, partitions: np.ndarray, offsets: np.ndarray) -> None:
+        """A batch was processed: its positions go into the next flush."""
         last = np.full(int(partitions.max()) + 1, -1, dtype=np.int64)
         np.maximum.at(last, partitions, offsets)
         for p in np.flatnonzero(last >= 0).tolist():
             self._positions[p] = max(self._positions.get(p, 0), int(last[p]) + 1)
+            self._changed.add(p)
             if self._positions[p] >= self._marks.get(p, -1) > 0:
                 log.info("%s: %s[%d] caught up with its mark: %d readings read again to rebuild its state",
                          self.processor, self.topic, p, self.rebuilt.get(p, 0))
                 self._marks[p] = -1  # nothing below the mark is read again in this run
-        self._touched.append(entities)
+
+    def closed(self, partition: int) -> None:
+        """Windows of ``partition`` closed without a new reading (it went quiet): record it at the next flush."""
+        self._changed.add(partition)
 
     def fields(self, windows: BatchWindows) -> dict[bytes, bytes]:
-        """What the next flush records: the positions reached and the entities whose closed windows moved."""
-        out = {self._field(p): str(offset).encode() for p, offset in self._positions.items()}
-        if self._touched:
-            touched = np.unique(np.concatenate(self._touched))
-            out.update((b"e:" + name.encode(), str(closed).encode()) for name, closed in windows.changed_state(touched))
-        self._positions.clear()
-        self._touched.clear()
+        """What the next flush records: for each partition that moved, its position and closed windows."""
+        out = {self._field(p): b"%d %d" % (self._positions.get(p, 0), windows.closed_through(p))
+               for p in self._changed if p in windows.partitions}
+        self._changed.clear()
         return out
 
     def forget(self, partitions: set[int]) -> None:
-        """Revoked partitions: their marks are read again if they come back (their new owner moved them on)."""
+        """Revoked partitions: their record is read again if they come back (their new owner moved them on)."""
         for p in partitions:
             self._marks.pop(p, None)
             self._positions.pop(p, None)
-        self._touched.clear()
+            self._changed.discard(p)

@@ -1,8 +1,9 @@
 """The Flink operators of the feature job, in their own module so workers import them by name.
 
-``WindowFunction`` runs the shared per-entity state machine
-(``streams.features.compute.EntityWindows``) in a ``KeyedProcessFunction`` keyed by the Kafka
-key; the entity's state lives in Flink keyed state, so checkpoints carry it. Late and
+``WindowFunction`` runs the shared per-partition state machine
+(``streams.features.compute.PartitionWindows``) in a ``KeyedProcessFunction`` keyed by the Kafka
+partition a record was read from; the partition's state lives in Flink keyed state, so checkpoints
+carry it. Late and
 undecodable readings go to the ``LATE`` side output with their original bytes and the reason.
 Given a Redis URL, it also writes the newest row of each entity to the online store, Feast's
 Redis layout (``streams.features.layout``), as the other engines do: after the windows of an element
@@ -19,14 +20,14 @@ from pyflink.datastream import KeyedProcessFunction, OutputTag, RuntimeContext
 from pyflink.datastream.state import ValueStateDescriptor
 
 from streams.errors import SchemaError
-from streams.features.compute import EntityWindows, output_row
+from streams.features.compute import PartitionWindows, output_row
 from streams.features.spec import FeatureSet, load_feature_set
 from streams.wire import RegistryREST, WireCodec
 
 CARRIED = ("event_id", "trace_id", "ingest_ms")
 BYTES = Types.PRIMITIVE_ARRAY(Types.BYTE())
-#: One Kafka record as the job sees it: key (the entity), value bytes, headers.
-RECORD = Types.ROW_NAMED(["k", "v", "headers"], [Types.STRING(), BYTES, Types.MAP(Types.STRING(), BYTES)])
+#: One Kafka record as the job sees it: key (the entity), value bytes, headers, and the partition it was read from.
+RECORD = Types.ROW_NAMED(["k", "v", "headers", "p"], [Types.STRING(), BYTES, Types.MAP(Types.STRING(), BYTES), Types.INT()])
 LATE = OutputTag("late", RECORD)
 
 
@@ -69,32 +70,32 @@ class WindowFunction(KeyedProcessFunction):
             return
         fs = self.fs
         saved = self.state.value()
-        windows = EntityWindows(fs)
+        windows = PartitionWindows(fs)
         if saved is not None:
-            windows.watermark, windows.emitted_end, windows.open = saved
+            windows.stream_time, windows.closed_through, windows.open = saved
         entity = reading[fs.entity.join_key]
         ts = reading[fs.source.timestamp_field]
         row = [float("nan") if reading[s] is None else float(reading[s]) for s in fs.inputs]
         carried = {k: v for k, v in headers.items() if k in CARRIED}
-        accepted, closed = windows.add(ts, row, None, carried)
-        self.state.update((windows.watermark, windows.emitted_end, windows.open))
+        accepted, closed = windows.add(entity, ts, row, None, carried)
+        self.state.update((windows.stream_time, windows.closed_through, windows.open))
         if not accepted:
             yield LATE, _dead_letter(value, headers, "late", f"reading at {ts} is late: its windows are already closed",
                                      self.source_topic)
             return
-        rows = [output_row(fs, entity, window) for window in closed]
+        rows = [output_row(fs, window["entity"], window) for window in closed]
         if rows and self.store is not None:
             for row in rows:
                 self.store.stage(row)
             self.store.flush()
         for window, row in zip(closed, rows):
-            out_headers = {**(window["window"].last or {}), **carried, "event_id": f"{entity}:{window['start']}".encode()}
-            yield Row(k=entity, v=self.output.encode(row), headers=out_headers)
+            out_headers = {**(window["window"].last or {}), "event_id": f"{window['entity']}:{window['start']}".encode()}
+            yield Row(k=window["entity"], v=self.output.encode(row), headers=out_headers, p=value.p)
 
 
 def _dead_letter(value: Row, headers: dict, reason: str, message: str, source_topic: str) -> Row:
     extra = {"dlq.stage": "features-flink", "dlq.reason": reason, "dlq.error_class": "Rejected",
              "dlq.error_message": message[:1000], "dlq.source_topic": source_topic,
              "dlq.failed_ms": str(int(time.time() * 1000))}
-    return Row(k=value.k, v=value.v, headers={**headers, **{k: v.encode() for k, v in extra.items()}})
+    return Row(k=value.k, v=value.v, headers={**headers, **{k: v.encode() for k, v in extra.items()}}, p=value.p)
 

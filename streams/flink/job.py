@@ -7,9 +7,9 @@ through Flink's Kafka connector (``flink-sql-connector-kafka`` from Maven Centra
 decoded and encoded with fastavro against the schema registry (``streams.wire``), so
 schema evolution follows the registry exactly as in the embedded engine.
 
-The windowing is the shared per-entity state machine (``streams.features.compute.EntityWindows``)
-in a ``KeyedProcessFunction`` keyed by the Kafka key, its state in Flink keyed state (so
-checkpoints carry it). Late readings go to the DLQ topic with their original bytes and the
+The windowing is the shared per-partition state machine (``streams.features.compute.PartitionWindows``)
+in a ``KeyedProcessFunction`` keyed by the Kafka partition (the source's ``partition`` metadata), its
+state in Flink keyed state (so checkpoints carry it). Late readings go to the DLQ topic with their original bytes and the
 reason, as in the embedded engine. With ``--redis`` the newest row of each entity also goes to the
 online store, Feast's Redis layout under ``--project``, as in the other engines.
 
@@ -28,6 +28,7 @@ from pathlib import Path
 from pyflink.common import Configuration, Row, Types
 from pyflink.datastream import StreamExecutionEnvironment
 from pyflink.table import StreamTableEnvironment
+from pyflink.table.expressions import col
 
 from streams.features.spec import load_feature_set
 from streams.flink.functions import LATE, RECORD, WindowFunction
@@ -54,8 +55,9 @@ def _kafka_table(name: str, topic: str, bootstrap: str, *, source: bool, group: 
         opts.update({"sink.delivery-guarantee": "at-least-once", "properties.enable.idempotence": "true",
                      "properties.acks": "all"})
     with_ = ", ".join(f"'{k}' = '{v}'" for k, v in opts.items())
-    return (f"CREATE TEMPORARY TABLE `{name}` (k STRING, v BYTES, headers MAP<STRING, BYTES> METADATA) "
-            f"WITH ({with_})")
+    # the partition a record was read from (virtual: a sink ignores it)
+    return (f"CREATE TEMPORARY TABLE `{name}` (k STRING, v BYTES, headers MAP<STRING, BYTES> METADATA, "
+            f"p INT METADATA FROM 'partition' VIRTUAL) WITH ({with_})")
 
 
 def build_job(t_env: StreamTableEnvironment, env: StreamExecutionEnvironment, args: argparse.Namespace) -> None:
@@ -68,13 +70,14 @@ def build_job(t_env: StreamTableEnvironment, env: StreamExecutionEnvironment, ar
     t_env.execute_sql(_kafka_table("features", output_topic, args.bootstrap, source=False))
     t_env.execute_sql(_kafka_table("dlq", args.dlq, args.bootstrap, source=False))
     records = t_env.to_data_stream(t_env.from_path("source")).map(
-        lambda r: Row(k=r[0], v=r[1], headers=r[2]), output_type=RECORD)
+        lambda r: Row(k=r[0], v=r[1], headers=r[2], p=r[3]), output_type=RECORD)
     function = WindowFunction(str(args.feature_set), args.registry, fs.source.schema_,
                               fs.output.schema_, source_topic, redis_url=args.redis, project=args.project)
-    rows = records.key_by(lambda r: r.k, key_type=Types.STRING()).process(function, output_type=RECORD)
+    rows = records.key_by(lambda r: r.p, key_type=Types.INT()).process(function, output_type=RECORD)
     statements = t_env.create_statement_set()
-    statements.add_insert("features", t_env.from_data_stream(rows))
-    statements.add_insert("dlq", t_env.from_data_stream(rows.get_side_output(LATE)))
+    statements.add_insert("features", t_env.from_data_stream(rows).select(col("k"), col("v"), col("headers")))
+    statements.add_insert("dlq", t_env.from_data_stream(rows.get_side_output(LATE)).select(col("k"), col("v"),
+                                                                                              col("headers")))
     statements.execute().wait()
 
 

@@ -81,7 +81,7 @@ def test_kill_9_mid_window_then_restart_emits_what_an_uninterrupted_run_emits(st
     in_codec, out_codec = _codecs(stack)
     source, output, dlq = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window", f"{prefix}.dlq.features"
     readings = recorded_readings(12, 40.0, seed=21)
-    expected, expected_late = expected_windows(readings, FEATURE_SET)
+    expected, expected_late = expected_windows(readings, FEATURE_SET, 3)
     log = (tmp_path / "features.log").open("ab")
     port = _free_port()
 
@@ -94,7 +94,7 @@ def test_kill_9_mid_window_then_restart_emits_what_an_uninterrupted_run_emits(st
     proc = start()
     try:
         for n, chunk in enumerate(chunks):
-            produce_records(stack.bootstrap_servers, source, in_codec, chunk, key="device_id")
+            produce_records(stack.bootstrap_servers, source, in_codec, chunk, key="device_id", partitions=3)
             if n in (1, 2):  # mid-stream: windows are open, some emitted, offsets held back
                 _wait_for(stack.bootstrap_servers, output, 12 * (2 + 2 * (n - 1)), 60, lambda p=proc: p.poll() is None)
                 os.kill(proc.pid, signal.SIGKILL)
@@ -117,6 +117,62 @@ def test_kill_9_mid_window_then_restart_emits_what_an_uninterrupted_run_emits(st
     # event time of 12 devices at 10 Hz, with the disorder of the recording) and one batch, not the stream
     assert 0 < rebuilt <= 12 * 10 * 8 + 500, rebuilt
     assert reread <= rebuilt
+
+
+def test_a_quiet_partition_closes_its_windows_and_what_a_restart_reads_again_of_them_are_rereads(stack, tmp_path):
+    """The stream stops: after ``idle_partition_s`` every open window is closed and emitted (the rows equal the
+    reference's with the partitions gone quiet). The committed offsets still stand at those windows' first
+    readings (a quiet partition brings no batch to commit with), so a ``kill -9`` and restart reads them
+    again: all of them re-reads, none dead-lettered, no window emitted again with other values."""
+    path, prefix = isolated_topology(tmp_path)
+    path.write_text(path.read_text().replace("feature_set: features/device_window.yaml\n",
+                                             "feature_set: features/device_window.yaml\n      idle_partition_s: 2\n", 1))
+    topology = load_topology(path)
+    assert topology.processors["features"].params["idle_partition_s"] == 2
+    apply(topology, stack)
+    in_codec, out_codec = _codecs(stack)
+    source, output, dlq = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window", f"{prefix}.dlq.features"
+    readings = recorded_readings(6, 22.0, seed=5)
+    expected, expected_late = expected_windows(readings, FEATURE_SET, 3, quiet=True)
+    still_open = len(expected) - len(expected_windows(readings, FEATURE_SET, 3)[0])
+    assert still_open >= 6  # the last window of each device closes only because its partition went quiet
+    log = (tmp_path / "features.log").open("ab")
+    port = _free_port()
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "streams", "run", str(path), "features", "--metrics-port",
+                                 str(port)], cwd=PROJECT_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    proc = start()
+    try:
+        produce_records(stack.bootstrap_servers, source, in_codec, readings, key="device_id", partitions=3)
+        _wait_for(stack.bootstrap_servers, output, len(expected), 90, lambda p=proc: p.poll() is None)
+        assert _metric(port, "tangram_features_idle_closed_windows_total") == still_open
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc = start()
+        deadline, seen = time.monotonic() + 60, (-1.0, time.monotonic())
+        while True:  # until the restart has read again what the quiet partitions held, and nothing more comes
+            assert proc.poll() is None and time.monotonic() < deadline, "the restarted processor did not settle"
+            try:
+                reread = _metric(port, "tangram_features_reread_records_total")
+            except OSError:
+                reread = -1.0  # not serving yet
+            if reread != seen[0]:
+                seen = (reread, time.monotonic())
+            elif reread > 0 and time.monotonic() - seen[1] > 3:
+                break
+            time.sleep(0.3)
+        rebuilt = _metric(port, "tangram_features_rebuild_records_total")
+        rows = by_window(read_rows(stack.bootstrap_servers, output, out_codec, idle_s=3.0), key="device_id")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert diff_rows(expected, rows) == []
+    assert 0 < reread == rebuilt <= 6 * 10 * 8 + 500  # every reading read again was of a closed window
+    late = {_position(m) for m in read_rows(stack.bootstrap_servers, dlq, None, idle_s=2.0)}
+    assert len(late) == expected_late
 
 
 def _position(message) -> tuple[str, str]:
@@ -168,16 +224,16 @@ def test_redis_restarted_while_the_job_runs_waits_and_catches_up(stack, tmp_path
     in_codec, out_codec = _codecs(stack)
     source, output = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window"
     readings = recorded_readings(8, 40.0, seed=33)
-    expected, _ = expected_windows(readings, FEATURE_SET)
+    expected, _ = expected_windows(readings, FEATURE_SET, 3)
     half = len(readings) // 2
     runner = make_runner(topology, "features", stack.model_copy(update={"redis_port": OWN_REDIS_PORT}))
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     try:
-        produce_records(stack.bootstrap_servers, source, in_codec, readings[:half], key="device_id")
+        produce_records(stack.bootstrap_servers, source, in_codec, readings[:half], key="device_id", partitions=3)
         _wait_for(stack.bootstrap_servers, output, 8 * 3, 60, thread.is_alive)
         stop_redis()
-        produce_records(stack.bootstrap_servers, source, in_codec, readings[half:], key="device_id")
+        produce_records(stack.bootstrap_servers, source, in_codec, readings[half:], key="device_id", partitions=3)
         time.sleep(4.0)  # the processor is stuck in its online-store write, retrying
         assert thread.is_alive()
         start_redis()
