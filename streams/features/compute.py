@@ -111,6 +111,17 @@ def compute_windows(fs: FeatureSet, values: np.ndarray, bounds: np.ndarray, hz: 
     return out
 
 
+def band_energies(times: list[np.ndarray], signals: list[np.ndarray], hz: float, cut_hz: float) -> np.ndarray:
+    """``band_energy`` of many windows at once: window i's ``signals[i]`` (NaN for missing) in the order of its
+    event times ``times[i]`` (a stable sort: arrival order breaks ties), as ``compute_windows`` orders them."""
+    lengths = np.fromiter(map(len, signals), dtype=np.int64, count=len(signals))
+    segment = np.repeat(np.arange(len(signals)), lengths)
+    t = np.concatenate(times) if len(times) else np.zeros(0, dtype=np.int64)
+    x = np.concatenate(signals) if len(signals) else np.zeros(0)
+    order = np.lexsort((np.arange(len(t)), t, segment))
+    return _band_energies(x[order].astype(np.float64), segment, len(signals), hz, cut_hz)
+
+
 def _band_energies(signal: np.ndarray, segment: np.ndarray, windows: int, hz: float, cut_hz: float) -> np.ndarray:
     """``band_energy`` of each window's signal, one batched FFT per distinct number of present values."""
     out = np.zeros(windows)

@@ -26,6 +26,9 @@ log = logging.getLogger("tangram.flink")
 
 #: Package data, copied next to the jars before Maven runs (Maven writes ``target/`` beside its pom).
 POM = Path(__file__).with_name("pom.xml")
+#: The job's JVM function (``CONFLUENT_AVRO``): a Maven project built into ``UDF_JAR``.
+UDF = Path(__file__).with_name("udf")
+UDF_JAR = "tangram-flink-udf.jar"
 #: The folder holding the ``streams`` package: the job's Python workers import the feature-set code from it.
 SOURCE_ROOT = Path(streams.__file__).resolve().parent.parent
 _STAMP = ".pom.sha256"
@@ -43,10 +46,20 @@ def lib_dir(settings: StackSettings) -> Path:
     return settings.home / "flink" / "lib"
 
 
+def _digest() -> str:
+    """What the jars are made from: the pom, and the function's pom and sources."""
+    h = hashlib.sha256(POM.read_bytes())
+    for path in sorted(UDF.rglob("*")):
+        if path.is_file() and "target" not in path.parts:
+            h.update(str(path.relative_to(UDF)).encode() + path.read_bytes())
+    return h.hexdigest()
+
+
 def fetch_jars(settings: StackSettings) -> list[Path]:
-    """The connector jars, resolved by Maven into ``<home>/flink/lib`` unless already there from this pom."""
+    """The connector and format jars, resolved by Maven, and the job's function jar, built by Maven from
+    ``udf/``, in ``<home>/flink/lib`` unless already there from these sources."""
     lib = lib_dir(settings)
-    digest = hashlib.sha256(POM.read_bytes()).hexdigest()
+    digest = _digest()
     stamp = lib / _STAMP
     if not (stamp.is_file() and stamp.read_text().strip() == digest):
         mvn = shutil.which("mvn")
@@ -57,17 +70,23 @@ def fetch_jars(settings: StackSettings) -> list[Path]:
         pom = lib.parent / "pom.xml"
         pom.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(POM, pom)
-        cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", "-DincludeScope=runtime",
-               f"-DoutputDirectory={staging}"]
-        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if result.returncode != 0 or not any(staging.glob("flink-sql-connector-kafka-*.jar")):
-            shutil.rmtree(staging, ignore_errors=True)
-            raise StackError(f"maven could not resolve the flink jars ({' '.join(cmd)}):\n"
-                             f"{(result.stdout + result.stderr)[-3000:]}")
+        build = lib.parent / "udf"
+        shutil.rmtree(build, ignore_errors=True)
+        shutil.copytree(UDF, build, ignore=shutil.ignore_patterns("target"))
+        for cmd, made in (([mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", "-DincludeScope=runtime",
+                            f"-DoutputDirectory={staging}"], lambda: any(staging.glob("flink-sql-connector-kafka-*.jar"))),
+                          ([mvn, "-q", "-B", "-f", str(build / "pom.xml"), "package"],
+                           lambda: (build / "target" / UDF_JAR).is_file())):
+            result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if result.returncode != 0 or not made():
+                shutil.rmtree(staging, ignore_errors=True)
+                raise StackError(f"maven could not make the flink jars ({' '.join(cmd)}):\n"
+                                 f"{(result.stdout + result.stderr)[-3000:]}")
+        shutil.copyfile(build / "target" / UDF_JAR, staging / UDF_JAR)
         (staging / _STAMP).write_text(digest + "\n")
         shutil.rmtree(lib, ignore_errors=True)
         staging.rename(lib)
-        log.info("flink connector jars ready in %s", lib)
+        log.info("flink jars ready in %s", lib)
     return sorted(lib.glob("*.jar"))
 
 
