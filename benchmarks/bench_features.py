@@ -13,8 +13,9 @@ Prints:
   the ratio taken to their mean). Both clocks start at the first record consumed. The two do not do the
   same work: the raw loop produces every record, the engine one record per window (1/50 of them) after
   decoding and aggregating all of them; it is the floor of any stage on this broker, the issue's yardstick.
-  ``--faust`` and ``--flink`` add the Faust job and the PyFlink job on the same records, counting what
-  each emitted;
+  ``--faust`` and ``--flink`` add the Faust job and the Flink SQL job (bounded, on a mini-cluster, at
+  parallelism 1 and 2; its start measured on a small input and taken out) on the same records, counting
+  what each emitted;
 - online-store reads (Feast's Redis layout) at 1, 10 and 100 keys per call: one client closed loop,
   then open loop at fixed rates (latency from each call's scheduled time), the blocking reader
   (``read_online_features`` from several processes, the baseline) beside ``OnlineLookup``;
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -165,14 +167,37 @@ def engines(stack: StackSettings, devices: int, seconds: float, faust: bool, fli
         rate = n / (done - first)
         print(f"  Faust job (from its first output)         {rate:>10,.0f} readings/s  {rate / raw:.2f}×")
     if flink:
-        argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE), dlq=f"{prefix}.dlq.flink", group=f"{prefix}.flink",
-                        source=source, output=output + "_flink", bounded=True, online_project=f"{prefix}-flink")
-        started = time.monotonic()
-        run_job(argv, timeout_s=1800, log_path=tmp / "flink.log")
-        took = time.monotonic() - started
-        got = count_records(stack.bootstrap_servers, output + "_flink")
-        print(f"  PyFlink job, bounded, start included      {n / took:>10,.0f} readings/s  {n / took / raw:.2f}×   "
-              f"({got:,} windows emitted)")
+        small = f"{prefix}.ingest.small"
+        create_topics(stack.bootstrap_servers, [small])
+        few = recorded_readings(devices, 10.0, late_every=10**9, straggle_every=10**9)
+        produce_records(stack.bootstrap_servers, small, topic_codec(topology, stack.registry_url, source), few,
+                        key="device_id")
+        single = None
+        for parallelism in (1, 2):
+            timings = []
+            for src, count in ((small, len(few)), (source, n)):
+                out = f"{output}_flink{parallelism}_{count}"
+                create_topics(stack.bootstrap_servers, [out])
+                argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE), dlq=f"{prefix}.dlq.flink",
+                                group=f"{prefix}.flink{parallelism}-{count}", source=src, output=out, bounded=True,
+                                online_project=f"{prefix}-flink", parallelism=parallelism)
+                cpu, started = _children_cpu(), time.monotonic()
+                run_job(argv, timeout_s=1800, log_path=tmp / f"flink-{parallelism}-{count}.log")
+                timings.append((count, time.monotonic() - started, _children_cpu() - cpu,
+                                count_records(stack.bootstrap_servers, out)))
+            (n0, w0, c0, _), (n1, w1, c1, got) = timings
+            marginal = (n1 - n0) / max(w1 - w0, 1e-9)
+            single = single or marginal
+            print(f"  Flink SQL job, parallelism {parallelism} (bounded, mini-cluster; {w0:.0f} s fixed cost) "
+                  f"{marginal:>10,.0f} readings/s  {marginal / raw:.2f}×  {(c1 - c0) / (n1 - n0) * 1e6:5.2f} µs CPU/reading"
+                  f"   ({n1 / w1:,.0f}/s with the start; {got:,} windows; {marginal / single:.2f}× parallelism 1; "
+                  f"{marginal / engine.rate:.2f}× the embedded engine)")
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children (the Flink job: its JVM and Python workers)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _fill_online_store(stack: StackSettings, devices: int) -> FeastLayout:

@@ -20,6 +20,7 @@ from pyflink.table import DataTypes
 from pyflink.table.udf import ScalarFunction, udf
 
 from streams.features.compute import band_energies
+from streams.features.spec import FeatureSet
 
 
 def band_energy_function(hz: float, cut_hz: float):
@@ -36,15 +37,13 @@ def band_energy_function(hz: float, cut_hz: float):
 class _OnlineStore(ScalarFunction):
     """Writes each batch of window rows to Feast's Redis layout; returns the counts unchanged."""
 
-    def __init__(self, feature_set: str, redis_url: str, project: str):
-        self.feature_set, self.redis_url, self.project = feature_set, redis_url, project
+    def __init__(self, fs: FeatureSet, redis_url: str, project: str):
+        self.fs, self.redis_url, self.project = fs, redis_url, project  # the declaration travels with the function
 
     def open(self, function_context) -> None:
         from streams.features.layout import FeastLayout
         from streams.features.online import OnlineWriter
-        from streams.features.spec import load_feature_set
 
-        self.fs = load_feature_set(self.feature_set)
         self.store = OnlineWriter(self.redis_url, FeastLayout.of(self.fs, self.project))
         self.store.setup()
 
@@ -64,6 +63,6 @@ class _OnlineStore(ScalarFunction):
         return False  # a side effect: never folded, reused or dropped by the planner
 
 
-def online_store_function(feature_set: str, redis_url: str, project: str):
+def online_store_function(fs: FeatureSet, redis_url: str, project: str):
     """A pandas UDF ``(key, window_start ms, window_end ms, count, features...) -> count`` writing the online store."""
-    return udf(_OnlineStore(feature_set, redis_url, project), result_type=DataTypes.BIGINT(), func_type="pandas")
+    return udf(_OnlineStore(fs, redis_url, project), result_type=DataTypes.BIGINT(), func_type="pandas")

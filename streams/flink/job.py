@@ -172,8 +172,7 @@ def build_job(t_env: TableEnvironment, args: argparse.Namespace) -> None:
             t_env.create_temporary_function(f"band_energy_{agg.inputs[0]}",
                                             band_energy_function(fs.sample_hz, float(agg.cut_hz)))
     if args.redis:
-        t_env.create_temporary_function("online_store", online_store_function(str(args.feature_set), args.redis,
-                                                                              args.project))
+        t_env.create_temporary_function("online_store", online_store_function(fs, args.redis, args.project))
     t_env.execute_sql(source_ddl(fs, source_topic, args.bootstrap, args.registry, args.group, args.bounded))
     # NOT NULL: the contract's fields are (Flink checks the table against the schema it is given)
     fields = [f"`{fs.entity.join_key}` STRING NOT NULL", "window_start TIMESTAMP(3) NOT NULL",

@@ -1,8 +1,8 @@
 """Start the PyFlink feature job from the application environment.
 
 ``fetch_jars`` resolves the connector jars of ``streams/flink/pom.xml`` with Maven (cached in
-``~/.m2``) into ``<home>/flink/lib``; ``job_argv`` is the command line of the job on a local
-mini-cluster, run by the Flink environment's interpreter (``.venv-flink``, or
+``~/.m2``) and builds the job's function jar into ``<home>/flink/lib``; ``job_argv`` is the command line of
+the job on a local mini-cluster, run by the Flink environment's interpreter (``.venv-flink``, or
 ``TANGRAM_FLINK_PYTHON``); ``run_job`` runs it to the end (bounded input) with a deadline.
 
     python -m streams.flink.launcher jars
@@ -91,7 +91,8 @@ def fetch_jars(settings: StackSettings) -> list[Path]:
 
 
 def job_argv(settings: StackSettings, *, feature_set: str, dlq: str, group: str, source: str | None = None,
-             output: str | None = None, bounded: bool = False, online_project: str | None = None) -> list[str]:
+             output: str | None = None, bounded: bool = False, online_project: str | None = None,
+             parallelism: int = 1) -> list[str]:
     """The command line of the PyFlink job against ``settings``'s stack (and its Redis when ``online_project``)."""
     argv = [str(flink_python()), "-m", "streams.flink.job", "--bootstrap", settings.bootstrap_servers,
             "--registry", settings.registry_url, "--dlq", dlq, "--group", group, "--feature-set", feature_set]
@@ -102,7 +103,7 @@ def job_argv(settings: StackSettings, *, feature_set: str, dlq: str, group: str,
     for flag, value in (("--source", source), ("--output", output)):
         if value:
             argv += [flag, value]
-    return argv + (["--bounded"] if bounded else [])
+    return argv + ["--parallelism", str(parallelism)] + (["--bounded"] if bounded else [])
 
 
 def job_env() -> dict[str, str]:
