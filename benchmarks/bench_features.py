@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -181,23 +180,16 @@ def engines(stack: StackSettings, devices: int, seconds: float, faust: bool, fli
                 argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE), dlq=f"{prefix}.dlq.flink",
                                 group=f"{prefix}.flink{parallelism}-{count}", source=src, output=out, bounded=True,
                                 online_project=f"{prefix}-flink", parallelism=parallelism)
-                cpu, started = _children_cpu(), time.monotonic()
+                started = time.monotonic()
                 run_job(argv, timeout_s=1800, log_path=tmp / f"flink-{parallelism}-{count}.log")
-                timings.append((count, time.monotonic() - started, _children_cpu() - cpu,
-                                count_records(stack.bootstrap_servers, out)))
-            (n0, w0, c0, _), (n1, w1, c1, got) = timings
+                timings.append((count, time.monotonic() - started, count_records(stack.bootstrap_servers, out)))
+            (n0, w0, _), (n1, w1, got) = timings
             marginal = (n1 - n0) / max(w1 - w0, 1e-9)
             single = single or marginal
             print(f"  Flink SQL job, parallelism {parallelism} (bounded, mini-cluster; {w0:.0f} s fixed cost) "
-                  f"{marginal:>10,.0f} readings/s  {marginal / raw:.2f}×  {(c1 - c0) / (n1 - n0) * 1e6:5.2f} µs CPU/reading"
+                  f"{marginal:>10,.0f} readings/s  {marginal / raw:.2f}×"
                   f"   ({n1 / w1:,.0f}/s with the start; {got:,} windows; {marginal / single:.2f}× parallelism 1; "
                   f"{marginal / engine.rate:.2f}× the embedded engine)")
-
-
-def _children_cpu() -> float:
-    """CPU seconds of this process's finished children (the Flink job: its JVM and Python workers)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _fill_online_store(stack: StackSettings, devices: int) -> FeastLayout:
