@@ -481,7 +481,7 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=200)
     p.add_argument("--seconds", type=float, default=250.0, help="Event time of the recording (10 readings/s/device).")
     p.add_argument("--faust", action="store_true", help="Also the Faust job on the same readings.")
-    p.add_argument("--flink", action="store_true", help="Also the PyFlink job on the same readings.")
+    p.add_argument("--flink", action="store_true", help="Also the Flink SQL job (parallelism 1 and 2) on the same readings.")
     p.add_argument("--engines-only", action="store_true", help="Only the engines.")
     p.add_argument("--reads-only", action="store_true", help="Only the online-read measurements.")
     p.add_argument("--online-devices", type=int, default=10_000, help="Entities in the online store for the reads.")

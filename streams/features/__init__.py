@@ -5,7 +5,7 @@
   (``compute_window`` is the one definition an app's training script uses too);
 - ``engine``: the embedded engine, a processor of the delivery loop (``WindowFeatures``);
 - ``faust_job``: the same feature set as a Faust app with windowed tables;
-- ``streams.flink.job``: the same feature set as a PyFlink job (Flink environment);
+- ``streams.flink.job``: the same feature set as a Flink SQL job (Flink environment);
 - ``online``: the online store, Feast's Redis store (writes, and the reads the rules make);
   ``layout``: its key layout, Feast's own, so ``FeatureStore.get_online_features`` reads it too.
   ``streams.feast`` (the Feast repository and its sync bridge, in Feast's environment) builds on

@@ -1,11 +1,13 @@
 """The window math and the event-time window state, shared by every engine.
 
-``compute_window`` evaluates a declared feature set over one window's readings: the one
-function every engine calls, and an app's training script too (so training and serving
-compute the same features); ``compute_windows`` is the same for many windows at once.
+``compute_window`` evaluates a declared feature set over one window's readings: the reference an
+app's training script calls (so training and serving compute the same features) and the Faust job
+runs; ``compute_windows`` is the same for many windows at once (the embedded engine), and
+``band_energies`` the spectral feature for many windows (the Flink job's Python; the rest of its
+features are Flink's built-in aggregates, tested equal in ``tests/integration/test_parity.py``).
 ``PartitionWindows`` is the event-time state of one partition, reading by reading: which windows
-are open, the partition's stream time, which windows are closed. The Faust job, the PyFlink job and
-the shadow comparison keep one per partition and feed it records in partition order; the embedded
+are open, the partition's stream time, which windows are closed. The Faust job and the shadow
+comparison keep one per partition and feed it records in partition order; the embedded
 engine's batch twin (``streams.features.batch.BatchWindows``) makes the same decisions a batch at a
 time, so they all emit identical rows. Pure Python and numpy: the Flink job environment imports it too.
 """

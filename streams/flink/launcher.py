@@ -93,7 +93,7 @@ def fetch_jars(settings: StackSettings) -> list[Path]:
 def job_argv(settings: StackSettings, *, feature_set: str, dlq: str, group: str, source: str | None = None,
              output: str | None = None, bounded: bool = False, online_project: str | None = None,
              parallelism: int = 1) -> list[str]:
-    """The command line of the PyFlink job against ``settings``'s stack (and its Redis when ``online_project``)."""
+    """The command line of the Flink job against ``settings``'s stack (and its Redis when ``online_project``)."""
     argv = [str(flink_python()), "-m", "streams.flink.job", "--bootstrap", settings.bootstrap_servers,
             "--registry", settings.registry_url, "--dlq", dlq, "--group", group, "--feature-set", feature_set]
     for jar in fetch_jars(settings):
