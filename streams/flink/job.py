@@ -233,6 +233,9 @@ def configuration(args: argparse.Namespace) -> Configuration:
     config.set_string("table.local-time-zone", "UTC")  # window bounds as epoch ms, whatever the machine's zone
     # one-phase aggregation: a window's rows reach ARRAY_AGG and LAST_VALUE in their partition's order
     config.set_string("table.optimizer.agg-phase-strategy", "ONE_PHASE")
+    # chained operators hand records on without copying them: CONFLUENT_AVRO's calls on one record (the
+    # watermark's in the source, the query's after it) see the same bytes and decode them once
+    config.set_string("pipeline.object-reuse", "true")
     if args.jar:
         config.set_string("pipeline.jars", ";".join(Path(j).resolve().as_uri() for j in args.jar))
     if args.checkpoint_ms and not args.bounded:

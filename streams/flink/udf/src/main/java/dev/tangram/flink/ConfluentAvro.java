@@ -32,17 +32,21 @@ import org.apache.flink.util.UserCodeClassLoader;
 public class ConfluentAvro extends ScalarFunction {
 
     private transient DeserializationSchema<RowData> decoder;
-    // The planner may call the function once per field a query takes from it, with the same bytes: those
-    // calls decode once.
-    private transient byte[] lastValue;
-    private transient RowData lastRow;
+    /**
+     * The last value decoded on this thread, its row type and row. The planner calls the function once per
+     * field a query takes from it (and once more for the source's watermark), each call site an instance of
+     * its own, all with the same bytes one after the other on the task's thread (with object reuse, the
+     * source's array itself): those calls decode once.
+     */
+    private static final ThreadLocal<Object[]> LAST = ThreadLocal.withInitial(() -> new Object[3]);
 
     public RowData eval(byte[] value, String rowType, String registryUrl) {
         if (value == null) {
             return null;
         }
-        if (value == lastValue) {
-            return lastRow;
+        Object[] last = LAST.get();
+        if (last[0] == value && rowType.equals(last[1])) {
+            return (RowData) last[2];
         }
         if (decoder == null) {
             decoder = open(rowType, registryUrl);
@@ -56,8 +60,9 @@ public class ConfluentAvro extends ScalarFunction {
             }
             row = null; // not Confluent-framed Avro, an unknown schema id, fields that do not resolve
         }
-        lastValue = value;
-        lastRow = row;
+        last[0] = value;
+        last[1] = rowType;
+        last[2] = row;
         return row;
     }
 
