@@ -17,13 +17,16 @@ from confluent_kafka import Consumer, Producer
 from streams.settings import StackSettings
 
 
-def raw_copy_seconds(stack: StackSettings, source: str, sink: str, n: int, batch: int = 500) -> float:
-    """Seconds to copy ``n`` records from ``source`` to ``sink`` (from the first record consumed)."""
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"bench-raw-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                         "isolation.level": "read_committed"})
-    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 5, "compression.type": "lz4"})
+def raw_copy_seconds(stack: StackSettings, source: str, sink: str, n: int, batch: int = 500, every: int = 1) -> float:
+    """Seconds to copy ``n`` records from ``source`` to ``sink`` (from the first record consumed).
+
+    ``every`` > 1 writes one record for every ``every`` read (the value of that record, unchanged): the
+    Kafka work of a stage that turns ``every`` readings into one window, with no decoding and no math.
+    """
+    consumer = Consumer(stack.kafka.config({"group.id": f"bench-raw-{uuid.uuid4().hex}", "enable.auto.commit": False,
+                                            "auto.offset.reset": "earliest", "isolation.level": "read_committed"}))
+    producer = Producer(stack.kafka.config({"enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                                            "compression.type": "lz4"}))
     consumer.subscribe([source])
     done, started = 0, None
     try:
@@ -32,11 +35,13 @@ def raw_copy_seconds(stack: StackSettings, source: str, sink: str, n: int, batch
             if not messages:
                 continue
             started = started or time.perf_counter()
-            for m in messages:
-                producer.produce(sink, m.value(), m.key(), headers=m.headers())
+            for i, m in enumerate(messages, start=done):
+                if i % every == every - 1:
+                    producer.produce(sink, m.value(), m.key(), headers=m.headers())
             assert producer.flush(30) == 0, "raw loop: outputs not acknowledged"
             consumer.commit(asynchronous=True)  # after the acks, like the delivery loop
             done += len(messages)
         return time.perf_counter() - started
     finally:
         consumer.close()
+

@@ -1,27 +1,27 @@
 """Feature engines and online reads, measured against baselines in the same run (figures, not tests).
 
-Needs a running stack (`tangram up`, or TANGRAM_* variables pointing at one); Kafka, the registry and
-Redis are used.
+Needs a running stack (`tangram up`, or TANGRAM_* variables pointing at one); ``--flink`` needs the
+Flink environment (``.venv-flink``) and Maven for the job's jars.
 
     .venv/bin/python benchmarks/bench_features.py [--devices 200] [--seconds 250] [--faust] [--flink]
 
 Prints:
 - the embedded engine (the ``features`` processor in its at-least-once delivery loop: decode, windows,
-  features, encode, Feast's Redis layout) over N readings (default 200 devices × 250 s at 10 Hz = 500,000),
-  in readings/s and CPU µs per reading, beside the **raw confluent-kafka loop** over the same records
-  (``baselines.py``: consume a batch, produce it unchanged, acks, commit; run before and after the engine,
-  the ratio taken to their mean). Both clocks start at the first record consumed. The two do not do the
-  same work: the raw loop produces every record, the engine one record per window (1/50 of them) after
-  decoding and aggregating all of them; it is the floor of any stage on this broker, the issue's yardstick.
-  ``--faust`` and ``--flink`` add the Faust job and the Flink SQL job (bounded, on a mini-cluster, at
-  parallelism 1 and 2; its start measured on a small input and taken out) on the same records, counting
-  what each emitted;
-- online-store reads (Feast's Redis layout) at 1, 10 and 100 keys per call: one client closed loop,
-  then open loop at fixed rates (latency from each call's scheduled time), the blocking reader
-  (``read_online_features`` from several processes, the baseline) beside ``OnlineLookup``;
-- memory per 10k devices with half-full windows: the Faust job's own process (RSS growth of the
-  worker from start-up with no devices to 10,000 devices' state), beside the embedded engine's state
-  (tracemalloc).
+  features, encode, Feast's Redis layout) over N readings (default 200 devices × 250 s at 10 Hz =
+  500,000), in readings/s and CPU µs per reading, beside the **raw confluent-kafka loop** doing the same
+  Kafka work on the same records (``baselines.py``: read every reading, write one record per window's
+  worth of readings, acks, commit; run before and after the engine, the ratio taken to their mean). Both
+  clocks start at the first record consumed, in this process, and count the windows emitted;
+- ``--faust``: the Faust job on the same records, timed from outside from its first window out to its
+  last over the readings consumed between (start-up and group joins count for nothing), windows counted;
+- ``--flink``: the Flink SQL job (bounded, local mini-cluster) at parallelism 1 and 2 on the same records,
+  its fixed cost (start, job graph, Python workers) measured on a small input and taken out, windows counted;
+- online-store reads (Feast's Redis layout) at 1, 10 and 100 keys per call: closed loop with 1 and 4
+  concurrent clients (calls completed over wall time), then open loop at fixed rates (latency from
+  each call's scheduled time), the blocking reader (``read_online_features`` from several processes,
+  the baseline) beside ``OnlineLookup``;
+- memory per 10k devices with half-full windows, one measure for both: the RSS growth of the Faust
+  job's own process and of the embedded engine's own process (``tangram run … features``).
 
     .venv/bin/python benchmarks/bench_features.py --engines-only   # only the engines
     .venv/bin/python benchmarks/bench_features.py --memory-only    # only the memory figures
@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import tracemalloc
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,51 +46,38 @@ import redis
 from confluent_kafka import Consumer, ConsumerGroupState, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "topologies" / "predictive_maintenance"
-for folder in (ROOT, ROOT / "benchmarks", APP):
-    sys.path.insert(0, str(folder))
+from streams.avro import codec
+from streams.features import faust_job
+from streams.features.layout import FeastLayout
+from streams.features.online import OnlineLookup, OnlineWriter, read_online_features
+from streams.namespace import namespaced
+from streams.testing import count_records, create_topics, produce_records
+from streams.flink.launcher import job_argv, run_job
+from streams.launcher import Processors
+from streams.plan import apply
+from streams.run import make_runner
+from streams.settings import StackSettings
+from streams.topology import Topology, load_topology
 
-from baselines import raw_copy_seconds  # noqa: E402
-from pm_app import FEATURE_SET  # noqa: E402
-from pm_app.simulator import recorded_readings  # noqa: E402
-from streams.avro import topic_codec  # noqa: E402
-from streams.features import faust_job  # noqa: E402
-from streams.features.batch import BatchWindows  # noqa: E402
-from streams.features.layout import FeastLayout  # noqa: E402
-from streams.features.online import OnlineLookup, OnlineWriter, read_online_features  # noqa: E402
-from streams.flink.launcher import job_argv, run_job  # noqa: E402
-from streams.namespace import namespaced  # noqa: E402
-from streams.plan import apply  # noqa: E402
-from streams.run import make_runner  # noqa: E402
-from streams.settings import StackSettings  # noqa: E402
-from streams.testing import count_records, create_topics, produce_records  # noqa: E402
-from streams.topology import Topology, load_topology  # noqa: E402
-
-FEATURE_SET_FILE = APP / "features" / "device_window.yaml"
+from baselines import raw_copy_seconds
+from reference_app import FEATURE_SET, FEATURE_SET_FILE, REPO, TOPOLOGY, load_schema, recorded_readings
+from report import Figure, emit
 
 
-def isolated(tmp: Path) -> tuple[Topology, str]:
-    """The reference app under a fresh namespace (its own topics, groups and Feast project), applied."""
+def isolated(tmp: Path) -> tuple[Path, str]:
+    """The reference topology under a fresh namespace (its topics, groups and online keys its own)."""
     prefix = f"b{uuid.uuid4().hex[:8]}"
-    return load_topology(namespaced(APP, prefix, tmp / f"{prefix}.yaml")), prefix
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    return namespaced(TOPOLOGY, prefix, tmp / f"{prefix}.yaml"), prefix
 
 
 def wait_count(stack: StackSettings, topic: str, n: int, timeout_s: float = 900) -> float:
+    """Until ``topic`` holds ``n`` records; returns the wall time that was first seen (polled every 50 ms)."""
     deadline = time.monotonic() + timeout_s
-    while count_records(stack.bootstrap_servers, topic) < n:
+    while count_records(stack.kafka, topic) < n:
         if time.monotonic() > deadline:
             raise SystemExit(f"{topic}: fewer than {n} records after {timeout_s}s")
         time.sleep(0.05)
-    return time.monotonic()
+    return time.time()
 
 
 @dataclass(frozen=True)
@@ -99,14 +86,16 @@ class Run:
     cpu_us: float  # CPU µs of this process per reading (the loop runs in it)
 
 
-def raw_loop(stack: StackSettings, source: str, sink: str, n: int, batch: int) -> Run:
+def raw_loop(stack: StackSettings, source: str, sink: str, n: int, batch: int, every: int) -> Run:
+    """The raw loop over the ``n`` readings, one record out per ``every`` read: its rate and CPU per reading."""
     cpu = time.process_time()
-    seconds = raw_copy_seconds(stack, source, sink, n, batch)
+    seconds = raw_copy_seconds(stack, source, sink, n, batch, every=every)
     return Run(n / seconds, (time.process_time() - cpu) / n * 1e6)
 
 
 def embedded(topology: Topology, stack: StackSettings, n: int) -> tuple[Run, int]:
-    """The features processor in its delivery loop until it has read ``n`` readings; and the windows it emitted."""
+    """The features processor in its delivery loop, in this process, until it has read ``n`` readings: its rate
+    and CPU per reading from the first batch, and the windows it emitted."""
     runner = make_runner(topology, "features", stack)
     process, state = runner.processor.process, {"done": 0, "started": None, "cpu": 0.0, "windows": 0}
 
@@ -126,70 +115,95 @@ def embedded(topology: Topology, stack: StackSettings, n: int) -> tuple[Run, int
     return Run(n / seconds, cpu / n * 1e6), state["windows"]
 
 
+def readings_after_first_close(readings: list[dict]) -> int:
+    """Readings at or past the event time that closes the first window (from then on windows flow out)."""
+    w = FEATURE_SET.window
+    first = min(r["ts"] for r in readings)
+    closes = first - first % w.hop_ms + w.size_ms + w.allowed_lateness_ms
+    return sum(1 for r in readings if r["ts"] >= closes)
+
+
 def engines(stack: StackSettings, devices: int, seconds: float, faust: bool, flink: bool) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-features-"))
-    topology, prefix = isolated(tmp)
+    path, prefix = isolated(tmp)
+    topology = load_topology(path)
     apply(topology, stack)
     source, output = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window"
-    copy = f"{prefix}.ingest.copy"
-    create_topics(stack.bootstrap_servers, [copy, output + "_faust", output + "_flink", f"{prefix}.dlq.faust",
-                                            f"{prefix}.dlq.flink"])
+    create_topics(stack.kafka, [output + "_faust", f"{prefix}.dlq.faust", f"{prefix}.dlq.flink", f"{prefix}.raw_reduce"])
+    in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
     readings = recorded_readings(devices, seconds, late_every=10**9, straggle_every=10**9)
-    produce_records(stack.bootstrap_servers, source, topic_codec(topology, stack.registry_url, source), readings,
-                    key="device_id")
-    n, batch = len(readings), topology.processors["features"].batch_size
+    produce_records(stack.kafka, source, in_codec, readings, key="device_id")
     windows = devices * (int(seconds * 1000) // FEATURE_SET.window.size_ms - 1)
+    n, batch = len(readings), topology.processors["features"].batch_size
+    per_window = n // windows
     print(f"input: {n:,} readings of {devices} devices over {seconds:.0f} s of event time → {windows:,} windows; "
-          f"batch size {batch}; commit {_commit()}; {_load()}")
-    before = raw_loop(stack, source, copy, n, batch)
+          f"batch size {batch}; {_load()}")
+
+    before = raw_loop(stack, source, f"{prefix}.raw_reduce", n, batch, per_window)
     engine, emitted = embedded(topology, stack, n)
-    after = raw_loop(stack, source, copy, n, batch)
+    after = raw_loop(stack, source, f"{prefix}.raw_reduce", n, batch, per_window)
     raw = (before.rate + after.rate) / 2
-    print(f"  raw confluent-kafka consume→produce loop  {raw:>10,.0f} readings/s  1.00×  {before.cpu_us:5.2f} µs CPU/reading"
-          f"   (before {before.rate:,.0f}/s, after {after.rate:,.0f}/s)")
-    print(f"  embedded engine (delivery loop)           {engine.rate:>10,.0f} readings/s  {engine.rate / raw:.2f}×  "
-          f"{engine.cpu_us:5.2f} µs CPU/reading   ({emitted:,} windows emitted)")
+    print(f"  raw loop: consume → one record per {per_window} read → acks → commit   {raw:>10,.0f} readings/s   1.00×   "
+          f"{before.cpu_us:5.2f} µs CPU/reading   (before {before.rate:,.0f}/s, after {after.rate:,.0f}/s)")
+    print(f"  embedded engine (delivery loop, also writing Feast's store)      {engine.rate:>10,.0f} readings/s   "
+          f"{engine.rate / raw:.3f}×   {engine.cpu_us:5.2f} µs CPU/reading   ({emitted:,} windows out)")
     if emitted != windows:
         raise SystemExit(f"the embedded engine emitted {emitted:,} windows, not {windows:,}")
+    baseline = f"raw loop, one record out per {per_window} read, {raw:,.0f}/s (mean of before and after)"
+    emit(Figure("feature windows: embedded engine (delivery loop, also writing Feast's store)",
+                f"{engine.rate:,.0f} readings/s, {engine.cpu_us:.1f} µs CPU/reading ({emitted:,} windows out of "
+                f"{windows:,})", baseline, f"{engine.rate / raw:.3f} (goal ≥ 0.5)", n=n, batch=batch,
+                benchmark="bench_features", value=engine.rate))
+
     if faust:
+        timed_n = readings_after_first_close(readings)
         argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
                                  redis_url=stack.redis_url, project=f"{prefix}-faust", source=source,
                                  output=output + "_faust", dlq=f"{prefix}.dlq.faust", group=f"{prefix}.faust",
                                  feature_set=str(FEATURE_SET_FILE))
-        worker = subprocess.Popen(argv, cwd=ROOT, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
+        worker = subprocess.Popen(argv, cwd=REPO, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
         try:
             first = wait_count(stack, output + "_faust", 1)
-            done = wait_count(stack, output + "_faust", windows)
+            last = wait_count(stack, output + "_faust", windows)
         finally:
             worker.terminate()
             worker.wait(30)
-        rate = n / (done - first)
-        print(f"  Faust job (from its first output)         {rate:>10,.0f} readings/s  {rate / raw:.2f}×")
+        rate, got = timed_n / max(last - first, 1e-9), count_records(stack.kafka, output + "_faust")
+        print(f"  Faust job (first window out → last, over the {timed_n:,} readings between)   {rate:>10,.0f} readings/s   "
+              f"{rate / raw:.3f}×   ({got:,} windows out)")
+        emit(Figure("feature windows: Faust job", f"{rate:,.0f} readings/s ({got:,} windows out of {windows:,})",
+                    baseline, f"{rate / raw:.3f}", n=n, batch="-", benchmark="bench_features"))
+
     if flink:
         small = f"{prefix}.ingest.small"
-        create_topics(stack.bootstrap_servers, [small])
+        create_topics(stack.kafka, [small])
         few = recorded_readings(devices, 10.0, late_every=10**9, straggle_every=10**9)
-        produce_records(stack.bootstrap_servers, small, topic_codec(topology, stack.registry_url, source), few,
-                        key="device_id")
+        produce_records(stack.kafka, small, in_codec, few, key="device_id")
         single = None
         for parallelism in (1, 2):
             timings = []
             for src, count in ((small, len(few)), (source, n)):
                 out = f"{output}_flink{parallelism}_{count}"
-                create_topics(stack.bootstrap_servers, [out])
+                create_topics(stack.kafka, [out])
                 argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE), dlq=f"{prefix}.dlq.flink",
                                 group=f"{prefix}.flink{parallelism}-{count}", source=src, output=out, bounded=True,
                                 online_project=f"{prefix}-flink", parallelism=parallelism)
                 started = time.monotonic()
-                run_job(argv, timeout_s=1800, log_path=tmp / f"flink-{parallelism}-{count}.log")
-                timings.append((count, time.monotonic() - started, count_records(stack.bootstrap_servers, out)))
+                run_job(argv, timeout_s=1800, log_path=tmp / f"flink-{parallelism}-{count}.log", settings=stack)
+                timings.append((count, time.monotonic() - started, count_records(stack.kafka, out)))
             (n0, w0, _), (n1, w1, got) = timings
             marginal = (n1 - n0) / max(w1 - w0, 1e-9)
             single = single or marginal
-            print(f"  Flink SQL job, parallelism {parallelism} (bounded, mini-cluster; {w0:.0f} s fixed cost) "
-                  f"{marginal:>10,.0f} readings/s  {marginal / raw:.2f}×"
-                  f"   ({n1 / w1:,.0f}/s with the start; {got:,} windows; {marginal / single:.2f}× parallelism 1; "
+            print(f"  Flink SQL job, parallelism {parallelism} (bounded, mini-cluster; {w0:.0f} s fixed cost taken out) "
+                  f"{marginal:>10,.0f} readings/s   {marginal / raw:.3f}×   ({n1 / w1:,.0f}/s with the start; "
+                  f"{got:,} windows out; {marginal / single:.2f}× parallelism 1; "
                   f"{marginal / engine.rate:.2f}× the embedded engine)")
+            emit(Figure(f"feature windows: Flink SQL job, parallelism {parallelism} (mini-cluster, start taken out)",
+                        f"{marginal:,.0f} readings/s ({got:,} windows out of {windows:,})",
+                        f"embedded engine {engine.rate:,.0f}/s", f"{marginal / engine.rate:.2f} (goal ≥ 1 at "
+                        f"parallelism 1)" + (f"; {marginal / single:.2f}× parallelism 1 (goal ≥ 1.6)"
+                                             if parallelism == 2 else ""),
+                        n=n, batch="-", benchmark="bench_features"))
 
 
 def _fill_online_store(stack: StackSettings, devices: int) -> FeastLayout:
@@ -217,24 +231,42 @@ def _load() -> str:
     return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
 
 
-def online_reads(stack: StackSettings, layout: FeastLayout, devices: int, seconds_each: float = 2.0) -> None:
-    """One client, closed loop: the cost of one call of ``read_online_features`` with nothing else running."""
-    client = redis.Redis.from_url(stack.redis_url, socket_timeout=5)
-    rng = np.random.default_rng(0)
-    print(f"online reads, one client, closed loop ({devices:,} devices in Feast's layout, read_online_features):")
-    for keys in (1, 10, 100):
-        lat = []
-        deadline = time.perf_counter() + seconds_each
-        while time.perf_counter() < deadline:
-            ids = [f"dev-{i:05d}" for i in rng.integers(0, devices, keys)]
-            t0 = time.perf_counter()
-            read_online_features(client, ids, layout)
-            lat.append(time.perf_counter() - t0)
-        ms = np.array(lat) * 1000
-        qps = len(lat) / ms.sum() * 1000
-        print(f"  {keys:>3} keys/call  p50 {np.percentile(ms, 50):6.3f} ms  p99 {np.percentile(ms, 99):6.3f} ms  "
-              f"{qps:>8,.0f} calls/s  {qps * keys:>9,.0f} keys/s")
+def _closed_client(job: tuple[str, FeastLayout, int, int, float, int]) -> tuple[int, float, np.ndarray]:
+    """One client in a closed loop for ``seconds``: (calls, wall seconds, latencies in ms)."""
+    url, layout, devices, keys, seconds, seed = job
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    rng = np.random.default_rng(seed)
+    read_online_features(client, ["dev-00000"], layout)  # connected before the clock starts
+    lat = []
+    started = time.perf_counter()
+    while (now := time.perf_counter()) - started < seconds:
+        ids = [f"dev-{i:05d}" for i in rng.integers(0, devices, keys)]
+        read_online_features(client, ids, layout)
+        lat.append(time.perf_counter() - now)
+    wall = time.perf_counter() - started
     client.close()
+    return len(lat), wall, np.array(lat) * 1000
+
+
+def online_reads(stack: StackSettings, layout: FeastLayout, devices: int, seconds_each: float = 2.0) -> None:
+    """Closed loop with 1 and 4 concurrent clients (processes): calls/s are the calls completed over the wall
+    time, so the clients' own work and their contention count (not 1/mean latency)."""
+    from multiprocessing import Pool
+
+    print(f"online reads, closed loop ({devices:,} devices in Feast's layout, read_online_features; {_load()}):")
+    for clients in (1, 4):
+        for keys in (1, 10, 100):
+            with Pool(clients) as pool:
+                done = pool.map(_closed_client, [(stack.redis_url, layout, devices, keys, seconds_each, seed)
+                                                 for seed in range(clients)])
+            calls = sum(c for c, _, _ in done)
+            rate = calls / max(w for _, w, _ in done)
+            ms = np.concatenate([m for _, _, m in done])
+            print(f"  {clients} client{'s' if clients > 1 else ' '} {keys:>3} keys/call  p50 {np.percentile(ms, 50):6.3f} ms  "
+                  f"p99 {np.percentile(ms, 99):6.3f} ms  {rate:>8,.0f} calls/s  {rate * keys:>9,.0f} keys/s")
+            emit(Figure(f"online feature reads, closed loop, {clients} concurrent client{'s' if clients > 1 else ''}, "
+                        f"{keys} key{'s' if keys > 1 else ''} per call", f"{rate:,.0f} calls/s, p99 "
+                        f"{np.percentile(ms, 99):.2f} ms", n=calls, batch=keys, benchmark="bench_features"))
 
 
 @dataclass(frozen=True)
@@ -340,30 +372,6 @@ def online_reads_open_loop(stack: StackSettings, layout: FeastLayout, devices: i
     print(f"  (after the runs: {_load()})")
 
 
-def memory_per_10k_devices() -> int:
-    """The embedded engine's state: one open window per device, half full (25 readings, arriving in batches of
-    500 interleaved over the devices, as from Kafka); returns its bytes."""
-    rng = np.random.default_rng(1)
-    devices, per_device, batch = 10_000, 25, 500
-    names = [f"dev-{d:05d}" for d in range(devices)] * per_device
-    ts = np.repeat(1_000_000 + np.arange(per_device) * 100, devices)
-    values = rng.normal(10, 2, (len(names), len(FEATURE_SET.inputs)))
-    tracemalloc.start()
-    before = tracemalloc.take_snapshot()
-    windows = BatchWindows(FEATURE_SET, offset=lambda offset: offset)
-    windows.start(0)
-    for at in range(0, len(names), batch):
-        chunk = names[at:at + batch]
-        windows.add(windows.ids(chunk), np.zeros(len(chunk), dtype=np.int64), ts[at:at + batch], values[at:at + batch],
-                    list(range(at, at + len(chunk))))
-    after = tracemalloc.take_snapshot()
-    tracemalloc.stop()
-    size = sum(s.size_diff for s in after.compare_to(before, "filename"))
-    print(f"embedded engine state: {size / 2**20:.1f} MiB per 10k devices (one half-full 5 s window each, "
-          f"{size / devices / per_device:.0f} B per buffered reading)")
-    return size
-
-
 def _rss_kib(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) of a process in KiB, from ``/proc/<pid>/status``: resident now, and its peak."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
@@ -372,7 +380,7 @@ def _rss_kib(pid: int) -> tuple[int, int]:
 
 def _wait_member(stack: StackSettings, group: str, worker: subprocess.Popen, timeout_s: float = 120) -> None:
     """Until the Faust worker's consumer group is stable with partitions assigned (the worker is up)."""
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    admin = AdminClient(stack.kafka.config())
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if worker.poll() is not None:
@@ -388,8 +396,7 @@ def _wait_consumed(stack: StackSettings, group: str, topic: str, changelog: str,
                    worker: subprocess.Popen, timeout_s: float = 900) -> float:
     """Until ``group`` has committed every offset of ``topic`` (lag 0, ``n`` records in all) and the table's
     changelog holds ``n`` records (one table write per reading applied); returns the seconds it took."""
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": group,
-                         "enable.auto.commit": False})  # reads the group's committed offsets; never joins it
+    consumer = Consumer(stack.kafka.config({"group.id": group, "enable.auto.commit": False}))  # reads the group's committed offsets; never joins it
     tps = [TopicPartition(topic, p) for p in range(3)]
     t0 = time.monotonic()
     try:
@@ -399,7 +406,7 @@ def _wait_consumed(stack: StackSettings, group: str, topic: str, changelog: str,
             ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
             committed = [max(tp.offset, 0) for tp in consumer.committed(tps, timeout=10)]
             lag = sum(e - c for e, c in zip(ends, committed, strict=True))
-            if sum(ends) == n and lag == 0 and count_records(stack.bootstrap_servers, changelog) >= n:
+            if sum(ends) == n and lag == 0 and count_records(stack.kafka, changelog) >= n:
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout_s:
                 raise SystemExit(f"{group}: lag {lag} on {topic} after {timeout_s}s")
@@ -418,29 +425,25 @@ def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, se
     growth between the halves is the marginal cost of state alone (RSS rarely shrinks: a high-water mark).
     """
     tmp = Path(tempfile.mkdtemp(prefix="bench-faust-memory-"))
-    topology, prefix = isolated(tmp)
-    apply(topology, stack)
+    path, prefix = isolated(tmp)
+    apply(load_topology(path), stack)
     source, output, dlq, group = (f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window",
                                   f"{prefix}.dlq.features", f"{prefix}.faust-memory")
     changelog = f"{group}-entity_windows-changelog"
-    in_codec = topic_codec(topology, stack.registry_url, source)
+    in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
+    halves, per_device = _half_full(devices)
     size_s = FEATURE_SET.window.size_ms / 1000
-    readings = recorded_readings(devices, size_s / 2, hz=FEATURE_SET.sample_hz, late_every=10**9,
-                                 straggle_every=10**9)
-    per_device = len(readings) // devices
-    half = {f"dev-{i:05d}" for i in range(devices // 2)}
-    halves = [[r for r in readings if r["device_id"] in half], [r for r in readings if r["device_id"] not in half]]
     argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
                              redis_url=stack.redis_url, project=f"{prefix}-faust", source=source, output=output,
                              dlq=dlq, group=group, feature_set=str(FEATURE_SET_FILE))
-    worker = subprocess.Popen(argv, cwd=ROOT, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
+    worker = subprocess.Popen(argv, cwd=REPO, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
     try:
         _wait_member(stack, group, worker)
         time.sleep(settle_s)
         rss = [_rss_kib(worker.pid)]
         fed, took = 0, []
         for part in halves:
-            produce_records(stack.bootstrap_servers, source, in_codec, part, key="device_id")
+            produce_records(stack.kafka, source, in_codec, part, key="device_id")
             fed += len(part)
             took.append(_wait_consumed(stack, group, source, changelog, fed, worker))
             time.sleep(settle_s)
@@ -448,7 +451,7 @@ def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, se
     finally:
         worker.terminate()
         worker.wait(30)
-    emitted, late = count_records(stack.bootstrap_servers, output), count_records(stack.bootstrap_servers, dlq)
+    emitted, late = count_records(stack.kafka, output), count_records(stack.kafka, dlq)
     if emitted or late:
         raise SystemExit(f"expected only open windows: {emitted} windows emitted, {late} readings in the DLQ")
     (start, _), (mid, _), (end, peak) = rss
@@ -468,12 +471,67 @@ def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, se
     return growth
 
 
+def embedded_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, settle_s: float = 5.0) -> float:
+    """The embedded engine's own process (``tangram run … features``), measured as the Faust job is: RSS after
+    start-up with no devices, then after ``devices`` devices' half-full windows, fed in two halves; each reading
+    counted in by the processor's ``tangram_processor_records_in_total`` before RSS is read. MiB per 10k."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-embedded-memory-"))
+    path, prefix = isolated(tmp)
+    apply(load_topology(path), stack)
+    source = f"{prefix}.ingest.telemetry"
+    in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
+    halves, per_device = _half_full(devices)
+    with Processors(path, stack, names=["features"]) as procs:
+        procs.start()
+        procs.wait_joined()
+        pid, url = procs.procs[("features", 0)].pid, procs.endpoints()[0]["metrics_url"]
+        time.sleep(settle_s)
+        rss = [_rss_kib(pid)]
+        fed = 0
+        for part in halves:
+            produce_records(stack.kafka, source, in_codec, part, key="device_id")
+            fed += len(part)
+            deadline = time.monotonic() + 900
+            while _records_in(url) < fed:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the embedded engine consumed fewer than {fed} readings in 900 s")
+                time.sleep(0.5)
+            time.sleep(settle_s)
+            rss.append(_rss_kib(pid))
+    (start, _), (mid, _), (end, peak) = rss
+    growth = (end - start) / 1024 * 10_000 / devices
+    print(f"embedded engine memory (tangram run … features, own process; {devices:,} devices × {per_device} readings): "
+          f"RSS {start / 1024:.1f} → {mid / 1024:.1f} → {end / 1024:.1f} MiB (peak {peak / 1024:.1f}); "
+          f"growth {growth:.1f} MiB per 10k devices")
+    return growth
+
+
+def _records_in(metrics_url: str) -> float:
+    """``tangram_processor_records_in_total`` of one processor, from its metrics endpoint."""
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("tangram_processor_records_in_total{"))
+
+
+def _half_full(devices: int) -> tuple[list[list[dict]], int]:
+    """Readings that fill half of one window per device (none closes), split into two halves of the devices."""
+    size_s = FEATURE_SET.window.size_ms / 1000
+    readings = recorded_readings(devices, size_s / 2, hz=FEATURE_SET.sample_hz, late_every=10**9,
+                                 straggle_every=10**9)
+    half = {f"dev-{i:05d}" for i in range(devices // 2)}
+    return ([[r for r in readings if r["device_id"] in half], [r for r in readings if r["device_id"] not in half]],
+            len(readings) // devices)
+
+
 def memory(stack: StackSettings) -> None:
-    """The Faust job's RSS growth per 10k devices, and the embedded engine's state beside it."""
+    """Process RSS growth per 10k devices of the Faust job and of the embedded engine: one measure for both."""
     faust = faust_memory_per_10k_devices(stack)
-    embedded = memory_per_10k_devices() / 2**20
-    print(f"memory per 10k devices, half-full windows: Faust job {faust:.1f} MiB (process RSS growth), "
-          f"embedded engine {embedded:.1f} MiB (state objects, tracemalloc); Faust / embedded {faust / embedded:.2f}×")
+    embedded = embedded_memory_per_10k_devices(stack)
+    print(f"memory per 10k devices, half-full windows (process RSS growth of each): Faust job {faust:.1f} MiB, "
+          f"embedded engine {embedded:.1f} MiB; Faust / embedded {faust / embedded:.2f}×")
+    emit(Figure("feature state memory per 10k devices, half-full 5 s windows (process RSS growth of each)",
+                f"embedded engine {embedded:.1f} MiB", f"Faust job {faust:.1f} MiB",
+                f"embedded / Faust {embedded / faust:.2f}", n=10_000, batch="-", benchmark="bench_features"))
 
 
 def main() -> None:

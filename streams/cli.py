@@ -27,6 +27,9 @@ from streams.gateway.cli import dlq_app, gateway_app, schemas_app  # noqa: E402 
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(gateway_app, name="gateway")
 app.add_typer(dlq_app, name="dlq")
+from streams.security.cli import keys_app, mqtt_auth  # noqa: E402  (security chores)
+app.add_typer(keys_app, name="keys")
+gateway_app.command("mqtt-auth")(mqtt_auth)
 
 
 def _settings() -> StackSettings:
@@ -119,21 +122,29 @@ def init(
 
 
 @app.command()
-def plan(topology: Path = AppArg) -> None:
+def plan(
+    topology: Path = AppArg,
+    models: bool = typer.Option(True, "--models/--no-models", help="Include the app's models (see `apply`)."),
+) -> None:
     """Show what `apply` would change on the broker, the schema registry and the model server."""
     from streams.plan import plan as make_plan
     from streams.topology import load_topology
 
-    _show_changes(make_plan(load_topology(topology), _settings()), f"plan for {topology}")
+    _show_changes(make_plan(load_topology(topology), _settings(), models=models), f"plan for {topology}")
 
 
 @app.command()
-def apply(topology: Path = AppArg) -> None:
+def apply(
+    topology: Path = AppArg,
+    models: bool = typer.Option(True, "--models/--no-models",
+                                help="Install the app's models into the stack's Triton repository (the local stack); "
+                                     "--no-models where a deploy step fills the model server's repository."),
+) -> None:
     """Create topics, register schemas and install the app's models so the stack matches it (idempotent)."""
     from streams.plan import apply as do_apply
     from streams.topology import load_topology
 
-    _show_changes(do_apply(load_topology(topology), _settings()), f"applied {topology}")
+    _show_changes(do_apply(load_topology(topology), _settings(), models=models), f"applied {topology}")
 
 
 @app.command()
@@ -346,3 +357,10 @@ def deploy_k8s(
                              **given)
     written = render_chart(load_topology(topology), str(topology), out, settings)
     Console().print(f"wrote {len(written)} files into {out}; `helm install <release> {out}` deploys it")
+
+
+from streams.security.cli import erase, erasures, registry_user  # noqa: E402  (erasure; the registry's users)
+
+app.command("erase")(erase)
+app.command("erasures")(erasures)
+app.command("registry-user")(registry_user)

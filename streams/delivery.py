@@ -12,20 +12,31 @@ At-least-once (default)
 
 Exactly-once (``exactly_once: true`` in the topology)
     the outputs and the consumed offsets go in one Kafka transaction
-    (``send_offsets_to_transaction``); readers use ``read_committed``.
+    (``send_offsets_to_transaction``); readers use ``read_committed``. A transaction spans
+    the batches of up to ``transaction_ms`` (as Kafka Streams' exactly-once commit interval):
+    its outputs are acknowledged, its side effects flushed and its offsets sent once, at its
+    end. It ends early whenever the input has nothing more at hand, before a back-off, a
+    revocation and shutdown, so a quiet stream's outputs are visible at once.
 
 Pipelining (processors that wait on a service, such as the inference worker)
     a processor with ``pipelined = True`` starts a batch in ``submit`` (its
     Triton call goes out) and the loop waits for the previous batch's acks and
     commits it meanwhile, then finishes the new batch and produces its outputs.
-    Same guarantee: one batch at most is produced and not yet acknowledged,
-    offsets are committed in order after their own outputs' acks, and in
-    exactly-once mode the batch's transaction is committed before the next one
-    begins (and before partitions are revoked).
+    Same guarantee: one batch at most is produced and not yet acknowledged
+    (at-least-once), offsets are committed in order after their own outputs'
+    acks, and in exactly-once mode the open transaction is committed before
+    partitions are revoked.
 
 A record that cannot be processed is never dropped and never blocks its
 partition: the processor turns it into a dead letter (``dead_letter``) carrying
 the original bytes and the reason in its headers, delivered like any output.
+
+Natural batching
+    a batch is what is fetched already, plus what arrives within ``linger_ms`` of its first
+    record (up to ``batch_size``): at low rates a record waits a few milliseconds, not
+    ``max_wait_ms``, at each stage; under load batches still fill to ``batch_size`` from what
+    is fetched. ``max_wait_ms`` bounds only the wait for a first record (then ``idle`` runs).
+    While batches are in flight nothing is waited for.
 
 Backpressure
     a processor that cannot make progress now (a service it needs is slow or
@@ -61,6 +72,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from prometheus_client import Counter, Gauge, Histogram
 
 from streams.errors import BackpressureError, DeliveryError
+from streams.security.kafka import KafkaConnection
 
 if TYPE_CHECKING:
     from typing import Self
@@ -205,6 +217,9 @@ class Processor(ABC):
     #: Runs as exactly one replica whatever its partitions (its decisions are global, e.g. a model's canary):
     #: deploy targets never scale it out.
     singleton: bool = False
+    #: Reads model artifacts (model cards, baselines, digests) from the stack's model repository
+    #: (``TANGRAM_MODEL_REPOSITORY``): deploy targets give it the model server's repository.
+    needs_models: bool = False
 
     @classmethod
     @abstractmethod
@@ -276,11 +291,13 @@ class _Sent(NamedTuple):
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    bootstrap_servers: str
+    kafka: KafkaConnection
     group_id: str
     inputs: tuple[str, ...]
     batch_size: int = 500
     max_wait_ms: int = 100
+    #: Once a batch's first record is there, how long to wait for more (capped at ``max_wait_ms``).
+    linger_ms: int = 5
     exactly_once: bool = False
     delivery_timeout_s: float = 30.0
     client_id: str = ""
@@ -294,20 +311,26 @@ class RunnerConfig:
     group_instance_id: str = field(default_factory=lambda: os.environ.get("TANGRAM_GROUP_INSTANCE_ID", ""))
     #: Exactly-once: the broker aborts a transaction left open this long (Kafka Streams' default).
     transaction_timeout_s: float = 10.0
+    #: Exactly-once: a transaction spans the batches of up to this long (Kafka Streams' commit interval
+    #: under exactly-once); each transaction costs the coordinator's round trips once, not per batch.
+    transaction_ms: int = 100
 
 
 class Runner:
     """Runs one processor: the consume → process → deliver → flush → commit loop."""
 
-    def __init__(self, processor: Processor, config: RunnerConfig):
+    def __init__(self, processor: Processor, config: RunnerConfig, *, consumer: Consumer | None = None,
+                 producer: Producer | None = None):
+        """``consumer`` and ``producer`` replace the clients built from ``config`` (fakes in unit tests:
+        :mod:`streams.testing`)."""
         self.processor = processor
         self.config = config
         self.log = logging.getLogger(f"tangram.processor.{processor.name}")
         self._stop = threading.Event()
         client_id = config.client_id or f"{config.group_id}-{uuid.uuid4().hex[:8]}"
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": config.bootstrap_servers,
+        self._linger_s = min(config.linger_ms, config.max_wait_ms) / 1000
+        self.consumer = consumer or Consumer(
+            config.kafka.config({
                 "group.id": config.group_id,
                 "client.id": client_id,
                 "enable.auto.commit": False,  # offsets are committed by this loop only, after delivery
@@ -319,33 +342,36 @@ class Runner:
                 "session.timeout.ms": config.session_timeout_ms,
                 **({"group.instance.id": config.group_instance_id} if config.group_instance_id else {}),
                 "on_commit": self._on_commit,
-            }
+            })
         )
         self._committed: dict[tuple[str, int], int] = {}  # the newest position handed to commit, per partition
-        producer_conf = {
-            "bootstrap.servers": config.bootstrap_servers,
+        self._commit_refused = False  # the broker refused a commit: made again when the loop is next idle
+        producer_conf = config.kafka.config({
             "client.id": client_id,
             "enable.idempotence": True,  # forces acks=all and ordered retries
             "acks": "all",
-            "linger.ms": 5,
+            "linger.ms": 0.5,
             "compression.type": "lz4",
             "delivery.timeout.ms": int(config.delivery_timeout_s * 1000),
             # Delivery reports for failures only: no Python callback per acknowledged record.
             "delivery.report.only.error": True,
             "on_delivery": self._on_delivery,
-        }
+        })
         if config.exactly_once:
             producer_conf["transactional.id"] = f"{config.group_id}-{config.group_instance_id or client_id}"
             producer_conf["transaction.timeout.ms"] = int(config.transaction_timeout_s * 1000)
             # librdkafka: a message may not outlive the transaction it belongs to.
             producer_conf["delivery.timeout.ms"] = min(producer_conf["delivery.timeout.ms"],
                                                        producer_conf["transaction.timeout.ms"])
-        self.producer = Producer(producer_conf)
+        self.producer = producer or Producer(producer_conf)
         self._failures: list[str] = []
         self._submitted: collections.deque[_Submitted] = collections.deque()  # submitted, outputs not produced yet
         self._pending: _Sent | None = None  # a pipelined processor's batch: produced, acks and commit outstanding
+        self._transaction: list[_Sent] = []  # exactly-once: the batches of the open transaction
+        self._transaction_ends = 0.0  # monotonic time by which the open transaction is committed
         self._rewound: dict[tuple[str, int], int] = {}  # partitions sought back in a rebalance callback
         self._in_callback = False
+        self._revoked: set[tuple[str, int]] = set()  # partitions revoked during the current fetch
         self._backoff_s = config.backoff_initial_s
         #: Partition assignments received (one per rebalance this member took part in).
         self.assignments = 0
@@ -377,9 +403,8 @@ class Runner:
         batches = 0
         try:
             while not self._stop.is_set() and (max_batches is None or batches < max_batches):
-                busy = self._pending is not None or bool(self._submitted)
-                # While batches are in flight, take only what is fetched already: never wait with work at hand.
-                messages = self.consumer.consume(cfg.batch_size, 0 if busy else cfg.max_wait_ms / 1000)
+                busy = self._pending is not None or bool(self._submitted) or bool(self._transaction)
+                messages = self._fetch(busy)
                 records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
                                   dict(h) if (h := m.headers()) else {}, m.timestamp()[1])
                            for m in messages if m.error() is None or self._usable(m)]  # Record.from_message, inlined
@@ -387,7 +412,12 @@ class Runner:
                     rewound, self._rewound = self._rewound, {}
                     records = [r for r in records if (r.topic, r.partition) not in rewound]
                     self._rewind(rewound)
+                if not records and self._transaction and self._pending is None and not self._submitted:
+                    self._end_transaction()  # nothing more at hand: its outputs become visible now
+                    continue
                 if not records and not busy:
+                    if self._commit_refused:
+                        self._commit_again()
                     if outputs := self.processor.idle():
                         self._complete(self._send(outputs, [], []))
                     continue
@@ -420,10 +450,35 @@ class Runner:
         finally:
             self.close()
 
+    def _fetch(self, busy: bool) -> list[Message]:
+        """The next batch's messages (natural batching, see the module's doc).
+
+        ``busy`` (batches in flight): only what is fetched already, never a wait with work at hand.
+        Otherwise up to ``max_wait_ms`` for a first message, then up to ``linger_ms`` for more. One
+        ``consume(batch_size, max_wait_ms)`` would hold a lone record for all of ``max_wait_ms``.
+        """
+        cfg = self.config
+        consume = self.consumer.consume
+        self._revoked.clear()
+        messages = consume(cfg.batch_size, 0)
+        if busy:
+            return messages
+        if not messages:
+            messages = consume(1, cfg.max_wait_ms / 1000)
+        wanted = cfg.batch_size - len(messages)
+        if not messages or wanted <= 0 or not self._linger_s:
+            return messages
+        more = consume(wanted, self._linger_s)
+        if self._revoked:  # a rebalance served while lingering: what came before from those partitions is stale
+            messages = [m for m in messages if (m.topic(), m.partition()) not in self._revoked]
+        messages.extend(more)
+        return messages
+
     def close(self) -> None:
         try:
             if self._pending is not None:
                 self._complete_pending()
+            self._end_transaction()
         except (DeliveryError, KafkaException) as exc:
             self.log.warning("the last batch was not committed, it will be read again: %s", exc)
         try:
@@ -444,10 +499,21 @@ class Runner:
         except KafkaException as exc:  # e.g. the partitions already moved: their new owner reads them again
             self.log.warning("final commit of %d partition(s) failed, they will be read again: %s", len(offsets), exc)
 
+    def _commit_again(self) -> None:
+        """Commit again the newest delivered positions of the partitions still owned, after the broker refused a
+        commit (typically a rebalance moved the group to a new generation meanwhile): an idle partition would
+        otherwise keep the old position until its next batch, and a restart would read that much again."""
+        self._commit_refused = False
+        if self._committed:
+            self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in self._committed.items()],
+                                 asynchronous=True)
+
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if err is not None and err.code() != KafkaError._NO_OFFSET:
+            self._commit_refused = True  # made again when the loop is next idle
             COMMIT_FAILURES.labels(self.processor.name).inc()
-            self.log.warning("offset commit failed (records will be read again): %s", err.str())
+            self.log.warning("offset commit refused, made again when idle (a restart before then reads those "
+                             "records again): %s", err.str())
 
     # -- backpressure ------------------------------------------------------------------
     def _put_back(self, records: list[Record], reason: BackpressureError) -> None:
@@ -455,6 +521,7 @@ class Runner:
         after them are put back (their results, if any, are dropped: nothing of them was produced)."""
         if self._pending is not None:
             self._complete_pending()
+        self._end_transaction()  # not left open through the back-off
         later = [r for batch in self._submitted for r in batch.records]
         self._submitted.clear()
         self._back_off([*records, *later], reason)
@@ -541,9 +608,10 @@ class Runner:
     # -- the guarantee ---------------------------------------------------------------
     def _send(self, outputs: list[Output], offsets: list[TopicPartition], records: list[Record],
               started: float = 0.0) -> "_Sent":
-        """Produce ``outputs`` (in a new transaction in exactly-once mode); :meth:`_complete` finishes the batch."""
-        if self.config.exactly_once:
+        """Produce ``outputs`` (in the open transaction in exactly-once mode); :meth:`_complete` finishes the batch."""
+        if self.config.exactly_once and not self._transaction:
             self.producer.begin_transaction()
+            self._transaction_ends = time.monotonic() + self.config.transaction_ms / 1000
         self._failures.clear()
         produce = self.producer.produce
         for out in outputs:
@@ -558,9 +626,24 @@ class Runner:
         self._complete(sent)
 
     def _complete(self, sent: "_Sent") -> None:
-        """Wait for every ack of the batch's outputs, run side effects, then commit its offsets."""
+        """Finish a produced batch: at-least-once, now; exactly-once, with its transaction when that is due."""
+        if not self.config.exactly_once:
+            self._deliver([sent])
+            return
+        self._transaction.append(sent)
+        if time.monotonic() >= self._transaction_ends:
+            self._end_transaction()
+
+    def _end_transaction(self) -> None:
+        """Exactly-once: commit the open transaction, if any, with the offsets of all its batches."""
+        if self._transaction:
+            batches, self._transaction = self._transaction, []
+            self._deliver(batches)
+
+    def _deliver(self, batches: list["_Sent"]) -> None:
+        """Wait for every ack of the batches' outputs, run side effects, then commit their offsets
+        (in exactly-once mode: send them to the transaction and commit it)."""
         transactional = self.config.exactly_once
-        outputs, offsets = sent.outputs, sent.offsets
         remaining = self.producer.flush(self.config.delivery_timeout_s)
         if remaining or self._failures:
             if transactional:
@@ -568,6 +651,8 @@ class Runner:
             detail = "; ".join(self._failures[:3]) or f"{remaining} not acknowledged in {self.config.delivery_timeout_s}s"
             raise DeliveryError(f"{self.processor.name}: outputs not delivered, offsets not committed: {detail}")
         self.processor.flush()
+        # a later batch's position of a partition supersedes an earlier one's
+        offsets = list({(tp.topic, tp.partition): tp for sent in batches for tp in sent.offsets}.values())
         if transactional:
             try:
                 if offsets:
@@ -577,19 +662,20 @@ class Runner:
                 self.producer.commit_transaction(self.config.delivery_timeout_s)
             except KafkaException as exc:
                 if not exc.args[0].txn_requires_abort():
-                    raise  # fenced or fatal: the process stops, a restart reads the batch again
+                    raise  # fenced or fatal: the process stops, a restart reads the batches again
                 self.producer.abort_transaction()
-                if not (self.processor.pipelined and sent.records):
-                    # State built from the batch (windows) would count it twice if it were read again here:
+                records = [r for sent in batches for r in sent.records]
+                if not (self.processor.pipelined and records):
+                    # State built from the batches (windows) would count them twice if they were read again here:
                     # the processor stops, and a restart rebuilds its state from the committed offsets.
                     raise DeliveryError(f"{self.processor.name}: transaction aborted, offsets not committed: "
                                         f"{exc.args[0].str()}") from exc
-                # Typically the group moved to a new generation (a rebalance) while the batch was in flight:
-                # its outputs are discarded and its records, and those of the batches after it, read again.
+                # Typically the group moved to a new generation (a rebalance) while the batches were in flight:
+                # their outputs are discarded and their records, and those of the batches after them, read again.
                 TRANSACTIONS_ABORTED.labels(self.processor.name).inc()
                 self.log.warning("%s: transaction aborted, %d records read again: %s", self.processor.name,
-                                 len(sent.records), exc.args[0].str())
-                self._drop_in_flight(sent.records)
+                                 len(records), exc.args[0].str())
+                self._drop_in_flight(records)
                 return
         elif offsets:
             # Asynchronous: the outputs are acknowledged already, so the guarantee holds whenever the
@@ -598,15 +684,17 @@ class Runner:
             self.consumer.commit(offsets=offsets, asynchronous=True)
             for tp in offsets:
                 self._committed[(tp.topic, tp.partition)] = tp.offset
-        for topic, n in collections.Counter(out.topic for out in outputs).items():
-            RECORDS_OUT.labels(self.processor.name, topic).inc(n)
-        for out in outputs:
-            if "dlq.reason" in out.headers:
-                DEAD_LETTERS.labels(self.processor.name, str(out.headers["dlq.reason"])).inc()
+        name = self.processor.name
+        for sent in batches:
+            for topic, n in collections.Counter(out.topic for out in sent.outputs).items():
+                RECORDS_OUT.labels(name, topic).inc(n)
+            for out in sent.outputs:
+                if "dlq.reason" in out.headers:
+                    DEAD_LETTERS.labels(name, str(out.headers["dlq.reason"])).inc()
+            if sent.records:
+                BATCH_SECONDS.labels(name).observe(time.perf_counter() - sent.started)
+                self._observe_latency(sent.records)
         self._observe(offsets)
-        if sent.records:
-            BATCH_SECONDS.labels(self.processor.name).observe(time.perf_counter() - sent.started)
-            self._observe_latency(sent.records)
 
     def _observe_latency(self, records: list[Record], sample: int = 64) -> None:
         """Ingest-to-commit latency of up to ``sample`` records of the batch, evenly spaced."""
@@ -669,10 +757,12 @@ class Runner:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.log.info("partitions revoked: %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))
+        self._revoked.update((p.topic, p.partition) for p in partitions)
         self._in_callback = True  # seeks made now are repeated after the consume that runs this callback
         try:
             if self._pending is not None:  # its transaction and offsets belong to the generation ending now
                 self._complete_pending()
+            self._end_transaction()
         except DeliveryError as exc:
             self.log.warning("the batch in flight was not committed, the new owner reads it again: %s", exc)
         try:

@@ -29,16 +29,18 @@ the Feast project ``--project``.
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import logging
 import math
-import pickle
 import time
 
 import faust
 
 from streams.avro import codec
+from streams.settings import StackSettings
 from streams.wire import WireFormatError
-from streams.features.compute import PartitionWindows, output_row
+from streams.features.compute import OpenWindow, PartitionWindows, output_row
 from streams.features.layout import FeastLayout
 from streams.features.online import OnlineWriter
 from streams.features.spec import load_feature_set
@@ -46,6 +48,46 @@ from streams.features.spec import load_feature_set
 log = logging.getLogger("tangram.features.faust")
 
 CARRIED = ("event_id", "trace_id", "ingest_ms")
+
+
+def encode_state(state: PartitionWindows, applied: int) -> bytes:
+    """A partition's window state as JSON for the changelog: plain data, so reading it back runs no code.
+
+    (It was a pickle: bytes from a topic that anyone able to write the changelog could turn into
+    code run here.) ``applied`` is the offset of the last reading applied. Header values are bytes,
+    so they travel base64-encoded; NaN (a missing reading) is JSON's ``NaN`` extension, which
+    Python's json reads back.
+    """
+    return json.dumps({
+        "stream_time": state.stream_time, "closed_through": state.closed_through, "applied": applied,
+        "open": [{"entity": entity, "start": w.start, "ts": w.ts, "rows": w.rows,
+                  "last": {k: base64.b64encode(v).decode() for k, v in (w.last or {}).items() if v is not None}}
+                 for (entity, _), w in state.open.items()],
+    }, separators=(",", ":")).encode()
+
+
+def decode_state(data: bytes, state: PartitionWindows) -> int:
+    """Restore ``state`` from :func:`encode_state`'s bytes; returns the offset of the last reading applied.
+
+    ``ValueError`` (including a JSON error) for bytes that are not such a state.
+    """
+    saved = json.loads(data)
+    state.stream_time, state.closed_through = int(saved["stream_time"]), int(saved["closed_through"])
+    state.open = {}
+    for w in saved["open"]:
+        window = OpenWindow(int(w["start"]), None, [int(t) for t in w["ts"]], [[float(x) for x in r] for r in w["rows"]])
+        window.last = {str(k): base64.b64decode(v, validate=True) for k, v in w["last"].items()} or None
+        state.open[(str(w["entity"]), window.start)] = window
+    return int(saved["applied"])
+
+
+def broker_credentials() -> faust.SASLCredentials | None:
+    """Faust's credentials from this process's Kafka security (``TANGRAM_KAFKA_SECURITY``), as every client's."""
+    auth = StackSettings().kafka.security.aiokafka()
+    if auth["security_protocol"] == "PLAINTEXT":
+        return None
+    return faust.SASLCredentials(username=auth["sasl_plain_username"], password=auth["sasl_plain_password"],
+                                 mechanism=auth["sasl_mechanism"], ssl_context=auth["ssl_context"])
 
 
 def build_app(args: argparse.Namespace) -> faust.App:
@@ -58,6 +100,7 @@ def build_app(args: argparse.Namespace) -> faust.App:
         args.group, broker=f"kafka://{args.bootstrap}", store="memory://", web_enabled=False,
         topic_partitions=args.partitions, topic_replication_factor=1, consumer_auto_offset_reset="earliest",
         table_standby_replicas=0, stream_wait_empty=False, key_serializer="raw", value_serializer="raw",
+        broker_credentials=broker_credentials(),
     )
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     source = app.topic(args.source, internal=False, **raw)
@@ -83,7 +126,7 @@ def build_app(args: argparse.Namespace) -> faust.App:
             saved = table.get(key)
             state, applied = PartitionWindows(fs), -1
             if saved is not None:
-                state.stream_time, state.closed_through, state.open, applied = pickle.loads(saved)
+                applied = decode_state(saved, state)
             if msg.offset <= applied:
                 continue  # re-delivered after a restart: already in the state
             try:
@@ -104,7 +147,7 @@ def build_app(args: argparse.Namespace) -> faust.App:
                 store.stage(out)
             if closed:
                 store.flush()
-            table[key] = pickle.dumps((state.stream_time, state.closed_through, state.open, msg.offset))
+            table[key] = encode_state(state, msg.offset)
 
     return app
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streams.errors import StackError
-from streams.flink.launcher import SOURCE_ROOT, fetch_jars, flink_python
+from streams.flink.launcher import SOURCE_ROOT, fetch_jars, flink_python, job_env
 from streams.settings import StackSettings
 
 
@@ -210,8 +210,7 @@ def submit_argv(settings: StackSettings, jobmanager: str, job_args: list[str], p
 def submit(settings: StackSettings, jobmanager: str, job_args: list[str], parallelism: int = 1,
            log_path: Path | None = None, timeout_s: float = 300.0) -> str:
     """Submit the feature job (detached); returns the job id the client printed."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), env.get("PYTHONPATH", "")) if p)
+    env = job_env(settings)  # the client builds the query: the Kafka connector's security comes from here
     env.setdefault("FLINK_CONF_DIR", str(flink_home() / "conf"))
     result = subprocess.run(submit_argv(settings, jobmanager, job_args, parallelism), env=env, capture_output=True,
                             text=True, timeout=timeout_s, check=False)

@@ -40,15 +40,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pyflink.common import Configuration
 from pyflink.table import EnvironmentSettings, TableEnvironment
 
 from streams.features.spec import FeatureSet, load_feature_set
 from streams.flink.functions import band_energy_function, online_store_function
+from streams.security.kafka import KafkaSecurity
 from streams.wire import RegistryREST
 
 log = logging.getLogger("tangram.flink")
@@ -69,14 +72,32 @@ def _with(options: dict[str, str]) -> str:
     return ", ".join(f"'{k}' = '{_quote(v)}'" for k, v in options.items())
 
 
-def source_ddl(fs: FeatureSet, topic: str, bootstrap: str, registry: str, group: str, bounded: bool) -> str:
+def _connection(bootstrap: str, security: KafkaSecurity) -> dict[str, str]:
+    """The Kafka connector's connection options: the bootstrap servers and this process's Kafka security
+    (``TANGRAM_KAFKA_SECURITY``) for the connector jar's relocated client, as every client gets it."""
+    return {"properties.bootstrap.servers": bootstrap,
+            **{f"properties.{k}": str(v) for k, v in security.java(shaded=True).items()}}
+
+
+def registry_format_options(prefix: str, registry: str) -> dict[str, str]:
+    """The avro-confluent format's registry options: the URL, and its basic-auth user when the URL has one."""
+    parts = urlsplit(registry)  # (streams.settings is not importable here: the Flink environment has no pydantic-settings)
+    options = {f"{prefix}.url": urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))}
+    if parts.username is not None:
+        options.update({f"{prefix}.basic-auth.credentials-source": "USER_INFO",
+                        f"{prefix}.basic-auth.user-info": f"{unquote(parts.username)}:{unquote(parts.password or '')}"})
+    return options
+
+
+def source_ddl(fs: FeatureSet, topic: str, bootstrap: str, registry: str, group: str, bounded: bool,
+               security: KafkaSecurity | None = None) -> str:
     """The raw Kafka source with the decoded reading, its event time and a per-partition watermark."""
     w = fs.window
     fields = [f"`{fs.entity.join_key}` STRING", f"`{fs.source.timestamp_field}` BIGINT",
               *(f"`{name}` DOUBLE" for name in fs.inputs)]
     row = f"ROW<{', '.join(fields)}>"
     decoded = f"CONFLUENT_AVRO(v, '{_quote(row)}', '{_quote(registry)}')"
-    options = {"connector": "kafka", "topic": topic, "properties.bootstrap.servers": bootstrap,
+    options = {"connector": "kafka", "topic": topic, **_connection(bootstrap, security or KafkaSecurity()),
                "key.format": "raw", "key.fields": "k", "value.format": "raw", "value.fields-include": "EXCEPT_KEY",
                "properties.group.id": group, "scan.startup.mode": "group-offsets",
                "properties.auto.offset.reset": "earliest", "properties.isolation.level": "read_committed"}
@@ -92,8 +113,9 @@ def source_ddl(fs: FeatureSet, topic: str, bootstrap: str, registry: str, group:
             f"WATERMARK FOR et AS et - {_interval(w.allowed_lateness_ms + 1)}) WITH ({_with(options)})")
 
 
-def sink_ddl(name: str, topic: str, bootstrap: str, value: dict[str, str], columns: str, exactly_once: bool) -> str:
-    options = {"connector": "kafka", "topic": topic, "properties.bootstrap.servers": bootstrap,
+def sink_ddl(name: str, topic: str, bootstrap: str, value: dict[str, str], columns: str, exactly_once: bool,
+             security: KafkaSecurity | None = None) -> str:
+    options = {"connector": "kafka", "topic": topic, **_connection(bootstrap, security or KafkaSecurity()),
                "key.format": "raw", "key.fields": "k", "value.fields-include": "EXCEPT_KEY", **value,
                "sink.delivery-guarantee": "exactly-once" if exactly_once else "at-least-once"}
     if exactly_once:
@@ -164,6 +186,7 @@ def build_job(t_env: TableEnvironment, args: argparse.Namespace) -> None:
                          f"!= size_ms {fs.window.size_ms} (the embedded engine computes hopping windows)")
     source_topic = args.source or fs.source.topic
     output_topic = args.output or fs.output.topic
+    security = KafkaSecurity.from_environ(os.environ)  # TANGRAM_KAFKA_SECURITY, as every client reads it
     registry = RegistryREST(args.registry)
     output_schema = registry.latest(fs.output.schema_)  # the contract as `tangram apply` registered it
     t_env.execute_sql(f"CREATE TEMPORARY FUNCTION CONFLUENT_AVRO AS '{UDF_CLASS}' LANGUAGE JAVA")
@@ -173,17 +196,18 @@ def build_job(t_env: TableEnvironment, args: argparse.Namespace) -> None:
                                             band_energy_function(fs.sample_hz, float(agg.cut_hz)))
     if args.redis:
         t_env.create_temporary_function("online_store", online_store_function(fs, args.redis, args.project))
-    t_env.execute_sql(source_ddl(fs, source_topic, args.bootstrap, args.registry, args.group, args.bounded))
+    t_env.execute_sql(source_ddl(fs, source_topic, args.bootstrap, args.registry, args.group, args.bounded,
+                                 security))
     # NOT NULL: the contract's fields are (Flink checks the table against the schema it is given)
     fields = [f"`{fs.entity.join_key}` STRING NOT NULL", "window_start TIMESTAMP(3) NOT NULL",
               "window_end TIMESTAMP(3) NOT NULL", "`count` INT NOT NULL", *(f"`{n}` DOUBLE NOT NULL" for n in fs.feature_names)]
     t_env.execute_sql(sink_ddl("features", output_topic, args.bootstrap, {
-        "value.format": "avro-confluent", "value.avro-confluent.url": args.registry,
+        "value.format": "avro-confluent", **registry_format_options("value.avro-confluent", args.registry),
         "value.avro-confluent.subject": fs.output.schema_,
         "value.avro-confluent.schema": json.dumps(output_schema),
-    }, f"k STRING, {', '.join(fields)}, headers MAP<STRING, BYTES> METADATA", args.exactly_once))
+    }, f"k STRING, {', '.join(fields)}, headers MAP<STRING, BYTES> METADATA", args.exactly_once, security))
     t_env.execute_sql(sink_ddl("dlq", args.dlq, args.bootstrap, {"value.format": "raw"},
-                               "k STRING, v BYTES, headers MAP<STRING, BYTES> METADATA", args.exactly_once))
+                               "k STRING, v BYTES, headers MAP<STRING, BYTES> METADATA", args.exactly_once, security))
     *views, insert_features, insert_dlq = queries(fs, source_topic, online=bool(args.redis))
     for view in views:
         t_env.execute_sql(view)

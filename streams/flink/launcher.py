@@ -11,6 +11,7 @@ the job on a local mini-cluster, run by the Flink environment's interpreter (``.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import streams
 from streams.errors import StackError
-from streams.settings import StackSettings
+from streams.security.kafka import ENV as KAFKA_SECURITY_ENV
+from streams.settings import StackSettings, revealed
 
 log = logging.getLogger("tangram.flink")
 
@@ -106,18 +108,25 @@ def job_argv(settings: StackSettings, *, feature_set: str, dlq: str, group: str,
     return argv + ["--parallelism", str(parallelism)] + (["--bounded"] if bounded else [])
 
 
-def job_env() -> dict[str, str]:
-    """The job's environment: the runtime's source on PYTHONPATH (the mini-cluster's Python workers inherit it)."""
+def job_env(settings: StackSettings | None = None) -> dict[str, str]:
+    """The job's environment: the runtime's source on PYTHONPATH (the mini-cluster's Python workers inherit it),
+    and ``settings``'s Kafka security as ``TANGRAM_KAFKA_SECURITY`` (the job renders it into the Kafka
+    connector's ``properties.*``: the Flink environment has no pydantic-settings to read a stack's settings)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), env.get("PYTHONPATH", "")) if p)
+    if settings is not None and settings.kafka.security.secured:
+        for name in [k for k in env if k.startswith(f"{KAFKA_SECURITY_ENV}__")]:
+            del env[name]  # the settings' security whole, not mixed with another principal's fields
+        env[KAFKA_SECURITY_ENV] = json.dumps(revealed(settings.kafka.security), default=str)
     return env
 
 
-def run_job(argv: list[str], timeout_s: float, log_path: Path) -> None:
-    """Run a bounded job to its end; StackError with the log's tail if it fails or overruns."""
+def run_job(argv: list[str], timeout_s: float, log_path: Path, settings: StackSettings | None = None) -> None:
+    """Run a bounded job to its end (as ``settings``'s Kafka principal, if given); StackError with the log's
+    tail if it fails or overruns."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as out:
-        proc = subprocess.Popen(argv, env=job_env(), stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(argv, env=job_env(settings), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout_s)

@@ -64,16 +64,18 @@ def build_models(topology: Topology, repository: Path | None = None, force: bool
 
 
 def pending_installs(topology: Topology, stack: StackSettings) -> dict[str, str]:
-    """Model → why `apply` installs it: not in the stack's repository yet, or the app's copy differs.
+    """Model → why `apply` installs it: not in the stack's repository yet, or a file of the app's copy differs.
 
-    Raises TopologyError for a model that has no built version (run `tangram models build` first).
+    An app folder without artifacts (an image: they were built straight into the model server's repository
+    with `tangram models build --repository`) is compared by its declarations alone. Raises TopologyError
+    for a model built nowhere (run `tangram models build` first).
     """
     pending = {}
     for folder in model_dirs(topology.model_repository):
-        if not _versions(folder):
-            raise TopologyError(f"model {folder.name!r} of app {topology.app!r} has no built version in {folder}: "
-                                f"run `tangram models build {topology.folder}` first")
         installed = stack.model_repository / folder.name
+        if not _versions(folder) and not (installed.is_dir() and _versions(installed)):
+            raise TopologyError(f"model {folder.name!r} of app {topology.app!r} has no built version in {folder} "
+                                f"or in {stack.model_repository}: run `tangram models build {topology.folder}` first")
         if not installed.is_dir():
             pending[folder.name] = f"versions {', '.join(_versions(folder))} into {stack.model_repository}"
             continue
@@ -96,7 +98,8 @@ def install_models(topology: Topology, stack: StackSettings, models: list[str]) 
 async def _load(stack: StackSettings, models: list[str]) -> None:
     from inference_workers.triton_client import ModelRepository
 
-    async with ModelRepository(stack.triton_grpc_url, load_timeout_s=stack.start_timeout_s) as repository:
+    async with ModelRepository(stack.triton_grpc_url, load_timeout_s=stack.start_timeout_s,
+                               control_key=stack.triton_key) as repository:
         try:
             await repository.index()
         except InferenceError as exc:  # not running: it loads the repository's models when it starts

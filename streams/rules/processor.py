@@ -11,6 +11,9 @@ about one entity at one time: the declared ``entity_field`` and ``time_field`` o
 * **L2**: each feature window is evaluated by the L2 rules — features only, no model;
 * **L3**: each feature window yields the declared safe default.
 
+An action also carries every other field its schema shares with the record it decided on (the
+document's extracted fields, say), so a subscriber sees what was decided on without a join.
+
 Of the matching rules of one action type, the highest-priority one fires; a cooldown per entity
 and action type (event time) and a per-window dedup hold back repeats. Every action names the
 rule, its inputs, the model versions, the rule-set version and the level in effect, with a
@@ -25,9 +28,11 @@ rule-set version.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import OrderedDict
+from functools import lru_cache
 from typing import Any
 
 import redis
@@ -46,6 +51,7 @@ from streams.rules.degradation import GoldenSignals, LevelController
 from streams.rules.engine import CompiledRule, RuleBook, action_id
 from streams.rules.fusion import Fused, Fusion
 from streams.rules.spec import Level, RuleSpec, RuleSetValue, RulesSettings
+from streams.security.kafka import KafkaConnection
 
 log = logging.getLogger("tangram.rules")
 
@@ -73,10 +79,13 @@ class RuleProcessor(Processor):
 
     def __init__(self, *, input_codecs: dict[str, AvroCodec], output_codecs: dict[str, AvroCodec], dlq_topic: str,
                  redis_url: str, settings: RulesSettings, app: str, processor: str = "rules",
-                 bootstrap_servers: str | None = None, online: FeastLayout | None = None):
+                 kafka: KafkaConnection | None = None, online: FeastLayout | None = None):
         self.name = processor
         self.input_codecs = input_codecs
         self.prediction_topics = {t for t, c in input_codecs.items() if _has_field(c, "model_name")}
+        # what a prediction carries itself: a rule reading only these needs no online-store read
+        self.prediction_fields = frozenset(f.get("name") for t in self.prediction_topics
+                                           for f in input_codecs[t].schema_json.get("fields", []))
         if not self.prediction_topics:
             raise TopologyError(f"rule processor {processor!r}: no input carries predictions (a `model_name` field)")
         self.output_codecs = output_codecs
@@ -84,13 +93,17 @@ class RuleProcessor(Processor):
         self.settings = settings
         self.entity, self.time = settings.entity_field, settings.time_field
         self.app = app
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka
         try:
             self.topics = settings.topics(list(output_codecs))  # action type or topic → topic
             self.safe_topic = settings.safe_topic(list(output_codecs))
         except TopologyError as exc:
             raise TopologyError(f"rule processor {processor!r}: {exc}") from None
         self.book = RuleBook.build(settings.rules, "topology", 0, self.topics)
+        # fields an action carries from the record it decided on: those its schema shares with the inputs' schemas
+        inputs = {f.get("name") for c in input_codecs.values() for f in c.schema_json.get("fields", [])}
+        self.carried = {t: [n for f in c.schema_json.get("fields", []) if (n := f.get("name")) in inputs]
+                        for t, c in output_codecs.items()}
         spec = settings.degradation
         self.rule_set_key = settings.rule_set or f"{app}.{processor}"
         self.redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
@@ -102,6 +115,7 @@ class RuleProcessor(Processor):
         self._last_fired: dict[tuple[str, str], int] = {}  # (entity, action) → time of the last firing
         self._fired_windows: dict[tuple[str, str], int] = {}  # (entity, rule) → time it last fired on
         self._decided: OrderedDict[tuple[str, int], bool] = OrderedDict()  # entity window → decided by the model?
+        self._reads: dict[tuple[CompiledRule, ...], FeastLayout | None] = {}  # rules → the online fields they read
         self._lock = threading.Lock()
         self._next_book: RuleBook | None = None
         self._next_manual: Level | None = None
@@ -116,18 +130,18 @@ class RuleProcessor(Processor):
         return cls(input_codecs={t: ctx.codec(t) for t in ctx.spec.inputs},
                    output_codecs={t: ctx.codec(t) for t in ctx.spec.outputs}, dlq_topic=ctx.dlq,
                    redis_url=ctx.stack.redis_url, settings=settings,
-                   app=ctx.topology.app, processor=ctx.name, bootstrap_servers=ctx.stack.bootstrap_servers,
+                   app=ctx.topology.app, processor=ctx.name, kafka=ctx.stack.kafka,
                    online=online)
 
     # -- lifecycle ---------------------------------------------------------------------
     def setup(self) -> None:
         self.redis.ping()
-        if self.settings.live_config and self.bootstrap_servers:
+        if self.settings.live_config and self.kafka:
             from streams.config_center import ConfigSubscriber
             from streams.statelog import StateTopic
 
-            StateTopic(self.bootstrap_servers, self.settings.config_topic).ensure()  # a fresh stack has none yet
-            self.config = ConfigSubscriber(self.bootstrap_servers, self.settings.config_topic, name=self.name,
+            StateTopic(self.kafka, self.settings.config_topic).ensure()  # a fresh stack has none yet
+            self.config = ConfigSubscriber(self.kafka, self.settings.config_topic, name=self.name,
                                            namespaces=["business-rule", "feature-switch"])
             self.config.on_change(lambda applied: self._on_config(applied.version))
             self.config.start()
@@ -188,6 +202,7 @@ class RuleProcessor(Processor):
         if book is not None:
             log.info("%s: rule set %s → %s (%d rules)", self.name, self.book.source, book.source, len(book.rules))
             self.book = book
+            self._reads.clear()
             RELOADS.labels(self.name, "applied").inc()
             RULE_SET_VERSION.labels(self.name).set(book.version)
         if manual is not None and manual != self.levels.manual:
@@ -282,9 +297,10 @@ class RuleProcessor(Processor):
             return []
         rules = self.book.at(level)
         online: list[dict] = [{}] * len(items)
-        if with_online and rules and self.features_layout is not None:
+        reads = self._online_reads(rules) if with_online else None
+        if reads is not None:
             entities = list(dict.fromkeys(v[self.entity] for _, v, _ in items))  # one read per entity and batch
-            by_entity = dict(zip(entities, read_online_features(self.redis, entities, self.features_layout)))
+            by_entity = dict(zip(entities, read_online_features(self.redis, entities, reads)))
             online = [by_entity[v[self.entity]] for _, v, _ in items]
         outputs = []
         # every symbol a rule reads is present (null when unknown): rule-engine's slow path for an
@@ -297,25 +313,39 @@ class RuleProcessor(Processor):
                 try:
                     matched = rule.matches(context)
                 except rule_engine.EngineError:
-                    UNEVALUABLE.labels(self.name, rule.spec.name).inc()
+                    _child(UNEVALUABLE, self.name, rule.spec.name).inc()
                     continue
                 if not matched:
                     continue
                 if rule.spec.action in fired_types:
-                    SUPPRESSED.labels(self.name, rule.spec.name, "priority").inc()
+                    _child(SUPPRESSED, self.name, rule.spec.name, "priority").inc()
                     continue
                 fired_types.add(rule.spec.action)
                 if (out := self._fire(rule, record, value, context, level, missing)) is not None:
                     outputs.append(out)
         return outputs
 
+    def _online_reads(self, rules: tuple[CompiledRule, ...]) -> FeastLayout | None:
+        """The online-store layout narrowed to the features ``rules`` read that a prediction does not carry
+        (None: nothing to read). A row is read whole only when the rules read all of it."""
+        if rules not in self._reads:
+            layout = self.features_layout
+            needed = {s for r in rules for s in r.symbols} - self.prediction_fields
+            if layout is None or not needed & set(layout.fields):
+                self._reads[rules] = None
+            else:
+                self._reads[rules] = dataclasses.replace(
+                    layout, int_fields=tuple(f for f in layout.int_fields if f in needed or f == layout.event_time_field),
+                    double_fields=tuple(f for f in layout.double_fields if f in needed))
+        return self._reads[rules]
+
     def _held_back(self, name: str, action: str, entity: str, end: int, cooldown_ms: int) -> bool:
         if self._fired_windows.get((entity, name)) == end:
-            SUPPRESSED.labels(self.name, name, "duplicate").inc()
+            _child(SUPPRESSED, self.name, name, "duplicate").inc()
             return True
         last = self._last_fired.get((entity, action))
         if last is not None and 0 <= end - last < cooldown_ms:
-            SUPPRESSED.labels(self.name, name, "cooldown").inc()
+            _child(SUPPRESSED, self.name, name, "cooldown").inc()
             return True
         self._last_fired[(entity, action)] = end
         self._fired_windows[(entity, name)] = end
@@ -371,9 +401,18 @@ class RuleProcessor(Processor):
             "degradation_level": level,
             "trace_id": value.get("trace_id") or record.header(H_TRACE_ID),
         }
-        FIRED.labels(self.name, rule, level).inc()
+        for name in self.carried[topic]:
+            if name not in action and name in value:
+                action[name] = value[name]
+        _child(FIRED, self.name, rule, level).inc()
         headers = carry_headers(record, **{H_EVENT_ID: action["event_id"]})
         return Output(topic, entity, self.output_codecs[topic].encode(action), headers)
+
+
+@lru_cache(maxsize=4096)
+def _child(metric: Counter, *labels: str) -> Any:
+    """A counter's child for ``labels``, looked up once (``labels()`` costs microseconds on the hot path)."""
+    return metric.labels(*labels)
 
 
 def _has_field(codec: AvroCodec, name: str) -> bool:

@@ -84,21 +84,21 @@ def test_a_killed_taskmanager_is_replaced_and_the_job_restores_from_its_checkpoi
         ], log_path=tmp_path / "submit.log")
         _wait("job running", lambda: any(j["jid"] == job and j["state"] == "RUNNING" for j in cluster.jobs()), 120,
               cluster)
-        produce_records(stack.bootstrap_servers, source, in_codec, readings[:half], key="device_id",
+        produce_records(stack.kafka, source, in_codec, readings[:half], key="device_id",
                         partitions=PARTITIONS)
         checkpoints = lambda: cluster.rest(f"/jobs/{job}/checkpoints")["counts"]  # noqa: E731
-        _wait("windows out and a checkpoint after them", lambda: count_records(stack.bootstrap_servers, output) >= 9 * 2
+        _wait("windows out and a checkpoint after them", lambda: count_records(stack.kafka, output) >= 9 * 2
               and checkpoints()["completed"] >= 2, 180, cluster)
         cluster.kill("taskmanager-0")
         cluster.start_taskmanager("taskmanager-1")
-        produce_records(stack.bootstrap_servers, source, in_codec, readings[half:] + _heartbeats(BASE_MS + 120_000),
+        produce_records(stack.kafka, source, in_codec, readings[half:] + _heartbeats(BASE_MS + 120_000),
                         key="device_id", partitions=PARTITIONS)
         _wait("every window out", lambda: len({(r["device_id"], r["window_start"]) for r in read_rows(
-            stack.bootstrap_servers, output, out_codec, idle_s=0.5)}) >= len(expected), 300, cluster)
-        rows = by_window(read_rows(stack.bootstrap_servers, output, out_codec, idle_s=2.0), key="device_id")
+            stack.kafka, output, out_codec, idle_s=0.5)}) >= len(expected), 300, cluster)
+        rows = by_window(read_rows(stack.kafka, output, out_codec, idle_s=2.0), key="device_id")
         restored = checkpoints()["restored"]
         late = {(headers["dlq.source_partition"], headers["dlq.source_offset"])
-                for headers in (dict(m.headers()) for m in read_rows(stack.bootstrap_servers, dlq, None, idle_s=2.0))}
+                for headers in (dict(m.headers()) for m in read_rows(stack.kafka, dlq, None, idle_s=2.0))}
     finally:
         cluster.down()
     assert restored >= 1  # the job came back from a checkpoint, not from scratch

@@ -77,7 +77,7 @@ def recorded(stack, tmp_path_factory):
     in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
     out_codec = codec(stack.registry_url, "pm.features.device_window-value", load_schema("pm.features.device_window-value"))
     readings = [_skewed(r) for r in recorded_readings(20, 30.0)]
-    produce_records(stack.bootstrap_servers, source, in_codec, readings, key="device_id", partitions=PARTITIONS)
+    produce_records(stack.kafka, source, in_codec, readings, key="device_id", partitions=PARTITIONS)
     return {"tmp": tmp, "path": path, "prefix": prefix, "topology": topology, "source": source,
             "readings": readings, "out_codec": out_codec,
             "closed": expected_windows(readings, FEATURE_SET, PARTITIONS),  # by the stream's own time
@@ -90,12 +90,12 @@ def embedded_rows(stack, recorded):
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     try:
-        rows = read_rows(stack.bootstrap_servers, f"{recorded['prefix']}.features.device_window",
+        rows = read_rows(stack.kafka, f"{recorded['prefix']}.features.device_window",
                          recorded["out_codec"], count=len(recorded["all"][0]), idle_s=10.0)
     finally:
         runner.stop()
         thread.join(30)
-    late = count_records(stack.bootstrap_servers, f"{recorded['prefix']}.dlq.features")
+    late = count_records(stack.kafka, f"{recorded['prefix']}.dlq.features")
     return by_window(rows, key="device_id"), late
 
 
@@ -103,20 +103,20 @@ def embedded_rows(stack, recorded):
 def flink_rows(stack, recorded):
     prefix = recorded["prefix"]
     output, dlq = f"{prefix}.features.device_window_flink", f"{prefix}.dlq.features_flink"
-    create_topics(stack.bootstrap_servers, [output, dlq])
+    create_topics(stack.kafka, [output, dlq])
     argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE), dlq=dlq, group=f"{prefix}.features-flink",
                     source=recorded["source"], output=output,
                     bounded=True, online_project=f"{prefix}-flink")
-    run_job(argv, timeout_s=300, log_path=Path(recorded["tmp"]) / "flink.log")
-    rows = read_rows(stack.bootstrap_servers, output, recorded["out_codec"], idle_s=1.0)
-    return by_window(rows, key="device_id"), count_records(stack.bootstrap_servers, dlq)
+    run_job(argv, timeout_s=300, log_path=Path(recorded["tmp"]) / "flink.log", settings=stack)
+    rows = read_rows(stack.kafka, output, recorded["out_codec"], idle_s=1.0)
+    return by_window(rows, key="device_id"), count_records(stack.kafka, dlq)
 
 
 @pytest.fixture(scope="module")
 def faust_rows(stack, recorded, embedded_rows):
     prefix = recorded["prefix"]
     output, dlq = f"{prefix}.features.device_window_faust", f"{prefix}.dlq.features_faust"
-    create_topics(stack.bootstrap_servers, [output, dlq])
+    create_topics(stack.kafka, [output, dlq])
     argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
                              redis_url=stack.redis_url, project=f"{prefix}-faust",
                              source=recorded["source"], output=output, dlq=dlq, group=f"{prefix}.features-faust",
@@ -126,15 +126,15 @@ def faust_rows(stack, recorded, embedded_rows):
         try:
             deadline = time.monotonic() + 120
             want, want_late = len(recorded["closed"][0]), embedded_rows[1]
-            while (count_records(stack.bootstrap_servers, output) < want
-                   or count_records(stack.bootstrap_servers, dlq) < want_late) and time.monotonic() < deadline:
+            while (count_records(stack.kafka, output) < want
+                   or count_records(stack.kafka, dlq) < want_late) and time.monotonic() < deadline:
                 assert worker.poll() is None, (Path(recorded["tmp"]) / "faust.log").read_text()[-3000:]
                 time.sleep(0.5)
-            rows = read_rows(stack.bootstrap_servers, output, recorded["out_codec"], idle_s=2.0)
+            rows = read_rows(stack.kafka, output, recorded["out_codec"], idle_s=2.0)
         finally:
             worker.terminate()
             worker.wait(30)
-    return by_window(rows, key="device_id"), count_records(stack.bootstrap_servers, dlq)
+    return by_window(rows, key="device_id"), count_records(stack.kafka, dlq)
 
 
 def test_embedded_engine_matches_a_numpy_reference_with_disorder_skew_and_late_readings(recorded, embedded_rows):
@@ -192,7 +192,7 @@ def test_flink_dead_letters_carry_the_original_bytes_and_the_reason(stack, recor
 
     def letters(topic: str) -> dict[tuple[bytes, bytes], tuple[bytes, bytes]]:
         out = {}
-        for message in read_rows(stack.bootstrap_servers, topic, None, idle_s=2.0):
+        for message in read_rows(stack.kafka, topic, None, idle_s=2.0):
             headers = dict(message.headers())
             out[(headers["dlq.source_partition"], headers["dlq.source_offset"])] = (message.value(),
                                                                                   headers["dlq.reason"])

@@ -101,8 +101,14 @@ def test_every_processor_of_the_topology_is_a_service_running_it():
         assert str(PROCESSOR_METRICS_PORT) in service["expose"] and "ports" not in service
         assert service["environment"]["TANGRAM_HOST"] == "0.0.0.0"  # Prometheus reaches /metrics from outside
         assert service["depends_on"]["apply"] == {"condition": "service_completed_successfully"}
+        if topology.load_object(topology.processors[name].kind).needs_models:  # drift, inference: the artifacts
+            assert "model-repository:/models:ro" in service["volumes"], name
+            assert service["environment"]["TANGRAM_MODEL_REPOSITORY"] == "/models", name
+        else:
+            assert "volumes" not in service, name
     apply = services["apply"]
-    assert apply["command"] == ["apply", IMAGE_APP] and apply["restart"] == "no"
+    # the models service fills the model server's repository; apply does topics and schemas
+    assert apply["command"] == ["apply", IMAGE_APP, "--no-models"] and apply["restart"] == "no"
 
 
 def test_triton_starts_on_a_model_repository_the_models_service_built():

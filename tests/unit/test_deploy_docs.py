@@ -33,7 +33,7 @@ def _tangram(words: list[str]) -> None:
     while isinstance(command, TyperGroup) and rest and rest[0] in command.commands:
         command = command.commands[rest.pop(0)]
     assert not isinstance(command, TyperGroup), f"`tangram {' '.join(words)}`: no such command"
-    options = {opt for param in command.params for opt in param.opts}
+    options = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
     for word in rest:
         if word.startswith("--"):
             assert word.split("=")[0] in options, f"`tangram {' '.join(words)}`: {word} is not an option of it"

@@ -80,7 +80,7 @@ public class ConfluentAvro extends ScalarFunction {
         RowType type = (RowType) LogicalTypeParser.parse(rowType, ConfluentAvro.class.getClassLoader());
         DeserializationSchema<RowData> schema = new AvroRowDataDeserializationSchema(
                 ConfluentRegistryAvroDeserializationSchema.forGeneric(AvroSchemaConverter.convertToSchema(type),
-                        registryUrl),
+                        withoutUserInfo(registryUrl), registryConfig(registryUrl)),
                 AvroToRowDataConverters.createRowConverter(type),
                 InternalTypeInfo.of(type));
         try {
@@ -89,6 +89,27 @@ public class ConfluentAvro extends ScalarFunction {
             throw new IllegalStateException("cannot open the avro-confluent decoder of " + rowType, e);
         }
         return schema;
+    }
+
+    /** The registry URL without its {@code user:password@} part (sent as basic auth instead). */
+    static String withoutUserInfo(String registryUrl) {
+        java.net.URI uri = java.net.URI.create(registryUrl);
+        if (uri.getRawUserInfo() == null) {
+            return registryUrl;
+        }
+        return registryUrl.replace(uri.getRawUserInfo() + "@", "");
+    }
+
+    /** The registry client's basic auth from the URL's user info (percent-decoded), as Confluent's clients take it. */
+    static java.util.Map<String, String> registryConfig(String registryUrl) {
+        String userInfo = java.net.URI.create(registryUrl).getUserInfo();
+        if (userInfo == null) {
+            return null;
+        }
+        java.util.Map<String, String> config = new java.util.HashMap<>();
+        config.put("basic.auth.credentials.source", "USER_INFO");
+        config.put("basic.auth.user.info", userInfo);
+        return config;
     }
 
     /** What the decoder's {@code open} asks of its runtime: no metrics, this class's loader. */

@@ -1,0 +1,3 @@
+from streams.cli import entry
+
+entry()

@@ -1,0 +1,422 @@
+"""Avro for whole batches: columns in, Confluent-framed values out, and back.
+
+The delivery loop hands a processor hundreds of records at a time. Encoding and decoding them
+one by one in Python (fastavro's per-record call, a dict per record) costs more than Kafka
+itself, so the hot stages work a batch at a time: :class:`BatchCodec` does each field's work
+once per batch with numpy.
+
+It covers the flat records that are the contracts between Tangram's stages: ``boolean``,
+``int``, ``long``, ``float``, ``double``, ``string``, ``bytes``, ``enum``, two-branch unions with
+``null``, and (encoding only) maps of numbers with the same keys in every row. It writes exactly
+the bytes fastavro writes (tests compare them). It reads only what it can prove: a batch in
+which some value is not in the codec's own schema id, or does not decode exactly to its last
+byte, is not read here at all — :meth:`BatchCodec.decode` returns ``None`` and the caller falls
+back to the record-at-a-time codec, where every bad value gets its precise error. Batches smaller
+than ``small_batch`` rows go the record-at-a-time way too: there numpy's per-call cost is the larger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+_FIXED = {"double": ("<f8", 8), "float": ("<f4", 4)}
+_VARINT = ("int", "long")
+_SHIFTS = np.arange(10, dtype=np.uint64) * np.uint64(7)
+_TEN = np.arange(10)
+
+
+@dataclasses.dataclass(frozen=True)
+class MapColumn:
+    """A ``map`` field with the same keys in every row: ``values[i, k]`` is row i's ``keys[k]``."""
+
+    keys: tuple[str, ...]
+    values: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class _Field:
+    name: str
+    kind: str  # boolean, int, long, float, double, string, bytes, enum, map
+    null_branch: int | None = None  # the union branch of null, when the field is ["null", T] or [T, "null"]
+    symbols: tuple[str, ...] = ()
+    map_values: str = ""
+
+
+# -- the shape of a batch in bytes ----------------------------------------------------------
+# A segment is what one field contributes to every row: ("fixed", matrix N×w) or
+# ("var", lengths N, the rows' bytes concatenated). Rows are assembled segment by segment.
+
+
+def _zigzag(values: np.ndarray) -> np.ndarray:
+    v = values.astype(np.int64, copy=False)
+    return ((v << 1) ^ (v >> 63)).view(np.uint64)
+
+
+def _varints(values: np.ndarray) -> tuple:
+    """Avro longs (zigzag varints) of ``values`` as a variable-width segment."""
+    z = _zigzag(values)
+    if len(z) and z.max() < 0x80:  # one byte each (small lengths, branch indexes, enum symbols)
+        return "fixed", z.astype(np.uint8)[:, None]
+    n = np.ones(len(z), dtype=np.int64)
+    for k in range(1, 10):
+        n += z >= np.uint64(1 << (7 * k))
+    digits = ((z[:, None] >> _SHIFTS) & np.uint64(0x7F)).astype(np.uint8)
+    digits[_TEN[None, :] < (n - 1)[:, None]] |= 0x80
+    return "var", n, digits[_TEN[None, :] < n[:, None]]
+
+
+def _constant(data: bytes, rows: int) -> tuple[str, np.ndarray]:
+    return "fixed", np.frombuffer(data, dtype=np.uint8)[None, :].repeat(rows, axis=0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _long_bytes(value: int) -> bytes:
+    segment = _varints(np.array([value], dtype=np.int64))
+    return (segment[1] if segment[0] == "fixed" else segment[2]).tobytes()
+
+
+@functools.lru_cache(maxsize=4096)
+def _string_bytes(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return _long_bytes(len(raw)) + raw
+
+
+def _as_var(segment: tuple, rows: int) -> tuple[str, np.ndarray, np.ndarray]:
+    if segment[0] == "var":
+        return segment
+    matrix = np.ascontiguousarray(segment[1])
+    return "var", np.full(rows, matrix.shape[1], dtype=np.int64), matrix.reshape(-1)
+
+
+def _expand(segment: tuple, present: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
+    """A segment computed for the rows in ``present`` only, as a segment of every row (empty elsewhere)."""
+    _, lengths, data = _as_var(segment, int(present.sum()))
+    full = np.zeros(len(present), dtype=np.int64)
+    full[present] = lengths
+    return "var", full, data
+
+
+def _assemble(segments: list[tuple], rows: int) -> list[bytes]:
+    """The rows' bytes, segment after segment."""
+    merged: list[tuple] = []
+    run: list[np.ndarray] = []
+    for seg in segments:  # neighbouring fixed-width segments become one matrix: one write instead of many
+        if seg[0] == "fixed":
+            run.append(seg[1])
+            continue
+        if run:
+            merged.append(("fixed", np.hstack(run) if len(run) > 1 else run[0]))
+            run = []
+        merged.append(seg)
+    if run:
+        merged.append(("fixed", np.hstack(run) if len(run) > 1 else run[0]))
+    sizes = np.zeros(rows, dtype=np.int64)
+    for seg in merged:
+        sizes += seg[1].shape[1] if seg[0] == "fixed" else seg[1]
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    out = np.empty(int(ends[-1]) if rows else 0, dtype=np.uint8)
+    cursor = starts.copy()
+    for seg in merged:
+        if seg[0] == "fixed":
+            matrix = seg[1]
+            out[cursor[:, None] + np.arange(matrix.shape[1])] = matrix
+            cursor += matrix.shape[1]
+        else:
+            _, lengths, data = seg
+            if len(data):
+                offsets = np.cumsum(lengths) - lengths
+                out[np.arange(len(data)) + np.repeat(cursor - offsets, lengths)] = data
+            cursor += lengths
+    blob = out.tobytes()
+    return [blob[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+
+
+class BatchCodec:
+    """Batch encoding and decoding for one subject's schema, in the Confluent wire format.
+
+    ``encode(columns, rows)`` takes a column per field (a sequence or numpy array; a
+    :class:`MapColumn` for maps; ``None`` entries for nulls in nullable fields) and returns
+    one framed value per row. ``decode(values)`` returns the columns (numpy arrays for numbers,
+    lists for strings, bytes, enums and nullable fields that hold nulls), or ``None`` when the
+    batch must be read record by record.
+    """
+
+    def __init__(self, schema: dict, header: bytes, *, small_batch: int = 0,
+                 record_writer: Callable[[dict], bytes] | None = None):
+        """``small_batch``: below this many rows numpy's per-call cost outweighs the per-record
+        codec, so ``encode`` writes row by row with ``record_writer`` and ``decode`` returns ``None``
+        (the caller reads one by one). 0: always a batch."""
+        if small_batch and record_writer is None:
+            raise ValueError("small_batch needs the record_writer that encodes small batches")
+        if not isinstance(schema, dict) or schema.get("type") != "record" or not isinstance(schema.get("fields"), list):
+            raise ValueError("the batch codec reads and writes records")
+        self.header = header
+        self.small_batch = small_batch
+        self._record_writer = record_writer
+        self.fields = [self._field(f) for f in schema["fields"]]
+        self.can_decode = all(f.kind != "map" for f in self.fields)
+        self._runs: list[list[_Field]] = []
+        for f in self.fields:
+            fixed = f.kind in _FIXED and f.null_branch is None
+            if fixed and self._runs and self._runs[-1][-1].kind in _FIXED and self._runs[-1][-1].null_branch is None:
+                self._runs[-1].append(f)
+            else:
+                self._runs.append([f])
+
+    @staticmethod
+    def _field(spec: dict) -> _Field:
+        name, kind, null_branch = spec["name"], spec["type"], None
+        if isinstance(kind, list):
+            if len(kind) != 2 or "null" not in kind:
+                raise ValueError(f"field {name!r}: only unions of null and one type are supported, not {kind}")
+            null_branch = kind.index("null")
+            kind = kind[1 - null_branch]
+        if isinstance(kind, dict):
+            if kind.get("type") == "enum":
+                return _Field(name, "enum", null_branch, symbols=tuple(kind["symbols"]))
+            if kind.get("type") == "map" and kind.get("values") in _FIXED:
+                return _Field(name, "map", null_branch, map_values=kind["values"])
+            kind = kind.get("type")  # a primitive with a logical type (timestamp-millis: a long)
+        if kind not in ("boolean", "int", "long", "float", "double", "string", "bytes"):
+            raise ValueError(f"field {name!r}: type {kind!r} is not supported by the batch codec")
+        return _Field(name, kind, null_branch)
+
+    @classmethod
+    def supports(cls, schema: dict) -> bool:
+        try:
+            cls(schema, b"")
+        except ValueError:
+            return False
+        return True
+
+    # -- encode -----------------------------------------------------------------------------
+    def encode(self, columns: dict[str, Any], rows: int) -> list[bytes]:
+        if rows == 0:
+            return []
+        if rows < self.small_batch:
+            return [self._record_writer(self._row(columns, i)) for i in range(rows)]
+        segments: list[tuple] = [_constant(self.header, rows)]
+        for f in self.fields:
+            column = columns[f.name]
+            if f.null_branch is None:
+                segments += self._encode_value(f, column, rows)
+                continue
+            value_branch = _long_bytes(1 - f.null_branch)
+            nulls = (np.array([v is None for v in column], dtype=bool)
+                     if not isinstance(column, (np.ndarray, MapColumn)) else np.zeros(rows, dtype=bool))
+            if not nulls.any():
+                segments.append(_constant(value_branch, rows))
+                segments += self._encode_value(f, column, rows)
+                continue
+            present = ~nulls
+            branch = np.where(present, value_branch[0], _long_bytes(f.null_branch)[0]).astype(np.uint8)
+            segments.append(("fixed", branch[:, None]))
+            kept = [v for v in column if v is not None]
+            segments += [_expand(seg, present) for seg in self._encode_value(f, kept, len(kept))] if kept else []
+        return _assemble(segments, rows)
+
+    def _row(self, columns: dict[str, Any], i: int) -> dict[str, Any]:
+        """Row ``i`` of ``columns`` as the record the per-record codec writes."""
+        row = {}
+        for f in self.fields:
+            value = columns[f.name]
+            if isinstance(value, MapColumn):
+                row[f.name] = dict(zip(value.keys, np.asarray(value.values[i], dtype=np.float64).tolist()))
+            else:
+                item = value[i]
+                row[f.name] = item.item() if isinstance(item, np.generic) else item
+        return row
+
+    def _encode_value(self, f: _Field, column: Any, rows: int) -> list[tuple]:
+        kind = f.kind
+        if kind in _FIXED:
+            dtype, width = _FIXED[kind]
+            array = np.ascontiguousarray(np.asarray(column, dtype=np.float64).astype(dtype, copy=False))
+            return [("fixed", array.view(np.uint8).reshape(rows, width))]
+        if kind in _VARINT:
+            array = np.asarray(column, dtype=np.int64)
+            if kind == "int" and rows and (array.min() < -(2**31) or array.max() >= 2**31):
+                raise ValueError(f"field {f.name!r}: value outside the Avro int range")
+            return [_varints(array)]
+        if kind == "boolean":
+            return [("fixed", np.asarray(column, dtype=bool).astype(np.uint8)[:, None])]
+        if kind == "enum":
+            index = {s: i for i, s in enumerate(f.symbols)}
+            return [_varints(np.array([index[s] for s in column], dtype=np.int64))]
+        if kind == "map":
+            values = np.asarray(column.values, dtype=np.float64)
+            if not column.keys:
+                return [_constant(b"\x00", rows)]
+            dtype, width = _FIXED[f.map_values]
+            cells = np.ascontiguousarray(values.astype(dtype)).view(np.uint8).reshape(rows, len(column.keys), width)
+            out = [_constant(_long_bytes(len(column.keys)), rows)]
+            for k, key in enumerate(column.keys):
+                out += [_constant(_string_bytes(key), rows), ("fixed", cells[:, k, :])]
+            return out + [_constant(b"\x00", rows)]
+        first = column[0]
+        if column.count(first) == rows if isinstance(column, list) else False:  # one value: write it once
+            return [_constant(_string_bytes(first) if kind == "string" else _long_bytes(len(first)) + bytes(first), rows)]
+        raw = [s.encode("utf-8") for s in column] if kind == "string" else [bytes(b) for b in column]
+        lengths = np.fromiter(map(len, raw), dtype=np.int64, count=rows)
+        return [_varints(lengths), ("var", lengths, np.frombuffer(b"".join(raw), dtype=np.uint8))]
+
+    # -- decode -----------------------------------------------------------------------------
+    def decode(self, values: Sequence[bytes | None]) -> dict[str, Any] | None:
+        """The columns of ``values``, or ``None`` when they must be read one by one (see the module doc)."""
+        rows = len(values)
+        if not self.can_decode or rows == 0 or rows < self.small_batch or None in values:
+            return None
+        sizes = np.fromiter(map(len, values), dtype=np.int64, count=rows)
+        blob = b"".join(values)
+        data = np.frombuffer(blob + bytes(16), dtype=np.uint8)  # padding: reads past a row stay in bounds
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        width = len(self.header)
+        if (sizes < width).any():
+            return None
+        if not (data[starts[:, None] + np.arange(width)] == np.frombuffer(self.header, dtype=np.uint8)).all():
+            return None  # another schema id (or not framed Avro): read one by one, with resolution
+        reader = _Reader(blob, data, starts + width, ends)
+        columns: dict[str, Any] = {}
+        try:
+            for run in self._runs:
+                if len(run) > 1:  # neighbouring doubles/floats: one gather for all of them
+                    columns.update(zip((f.name for f in run), reader.fixed_run([_FIXED[f.kind] for f in run])))
+                else:
+                    columns[run[0].name] = reader.field(run[0])
+        except _Undecodable:
+            return None
+        if not (reader.pos == ends).all():
+            return None  # trailing bytes
+        return columns
+
+
+class _Undecodable(Exception):
+    """Some value of the batch is not what the schema says: the batch is read record by record."""
+
+
+class _Reader:
+    """Reads one field of every row at a time; ``pos`` is each row's read position."""
+
+    def __init__(self, blob: bytes, data: np.ndarray, pos: np.ndarray, ends: np.ndarray):
+        self.blob, self.data, self.pos, self.ends = blob, data, pos, ends
+
+    def _check(self) -> None:
+        if (self.pos > self.ends).any():
+            raise _Undecodable
+
+    def varint(self, rows: np.ndarray | None = None) -> np.ndarray:
+        pos = self.pos if rows is None else self.pos[rows]
+        first = self.data[pos]
+        if (first < 0x80).all():  # one byte each
+            if rows is None:
+                self.pos = self.pos + 1
+            else:
+                self.pos[rows] += 1
+            self._check()
+            z = first.astype(np.int64)
+            return (z >> 1) ^ -(z & 1)
+        digits = self.data[pos[:, None] + _TEN]
+        more = digits >= 0x80
+        if more.all(axis=1).any():
+            raise _Undecodable
+        n = np.argmin(more, axis=1) + 1
+        payload = (digits & 0x7F).astype(np.uint64) << _SHIFTS
+        payload[_TEN[None, :] >= n[:, None]] = 0
+        z = np.bitwise_or.reduce(payload, axis=1)
+        if rows is None:
+            self.pos = self.pos + n
+        else:
+            self.pos[rows] += n
+        self._check()
+        return (z >> np.uint64(1)).astype(np.int64) ^ -(z & np.uint64(1)).astype(np.int64)
+
+    def fixed(self, width: int, dtype: str, rows: np.ndarray | None = None) -> np.ndarray:
+        pos = self.pos if rows is None else self.pos[rows]
+        cells = np.ascontiguousarray(self.data[pos[:, None] + np.arange(width)])
+        if rows is None:
+            self.pos = self.pos + width
+        else:
+            self.pos[rows] += width
+        self._check()
+        return cells.view(dtype).reshape(-1).astype(np.float64)
+
+    def fixed_run(self, layout: list[tuple[str, int]]) -> list[np.ndarray]:
+        """Several fixed-width fields in a row, read at once: one column per (dtype, width)."""
+        width = sum(w for _, w in layout)
+        cells = self.data[self.pos[:, None] + np.arange(width)]
+        self.pos = self.pos + width
+        self._check()
+        columns, offset = [], 0
+        for dtype, w in layout:
+            columns.append(np.ascontiguousarray(cells[:, offset:offset + w]).view(dtype).reshape(-1).astype(np.float64))
+            offset += w
+        return columns
+
+    def field(self, f: _Field) -> Any:
+        if f.null_branch is None:
+            return self.value(f, None)
+        branch = self.varint()
+        if not np.isin(branch, (0, 1)).all():
+            raise _Undecodable
+        present = branch != f.null_branch
+        if present.all():
+            return self.value(f, None)
+        column: list[Any] = [None] * len(present)
+        where = np.flatnonzero(present)
+        if len(where):
+            values = self.value(f, where)
+            for i, v in zip(where.tolist(), values.tolist() if isinstance(values, np.ndarray) else values):
+                column[i] = v
+        return column
+
+    def value(self, f: _Field, rows: np.ndarray | None) -> Any:
+        kind = f.kind
+        if kind in _FIXED:
+            dtype, width = _FIXED[kind]
+            return self.fixed(width, dtype, rows)
+        if kind in _VARINT:
+            values = self.varint(rows)
+            if kind == "int" and len(values) and (values.min() < -(2**31) or values.max() >= 2**31):
+                raise _Undecodable
+            return values
+        if kind == "boolean":
+            pos = self.pos if rows is None else self.pos[rows]
+            flags = self.data[pos]
+            if (flags > 1).any():
+                raise _Undecodable
+            if rows is None:
+                self.pos = self.pos + 1
+            else:
+                self.pos[rows] += 1
+            self._check()
+            return flags.astype(bool)
+        if kind == "enum":
+            index = self.varint(rows)
+            if len(index) and (index.min() < 0 or index.max() >= len(f.symbols)):
+                raise _Undecodable
+            return [f.symbols[i] for i in index.tolist()]
+        lengths = self.varint(rows)
+        if len(lengths) and lengths.min() < 0:
+            raise _Undecodable
+        begin = (self.pos if rows is None else self.pos[rows]).copy()
+        if rows is None:
+            self.pos = self.pos + lengths
+        else:
+            self.pos[rows] += lengths
+        self._check()
+        blob = self.blob
+        pieces = [blob[a:b] for a, b in zip(begin.tolist(), (begin + lengths).tolist())]
+        if kind == "bytes":
+            return pieces
+        try:
+            return [p.decode("utf-8") for p in pieces]
+        except UnicodeDecodeError:
+            raise _Undecodable from None
+

@@ -1,0 +1,689 @@
+"""Delivery guarantees, in one place. Every processor runs inside this loop.
+
+At-least-once (default)
+    consume a micro-batch → ``processor.process`` → produce every output →
+    wait until the broker acknowledged all of them (``acks=all``, idempotent
+    producer) → ``processor.flush`` (side effects such as Redis writes) → commit
+    the offsets (asynchronously: they follow acknowledged outputs; synchronously
+    on revocation and shutdown). A crash anywhere before the commit re-delivers the batch; nothing
+    is committed that has not been delivered. Processors that keep state across
+    batches (windows) say which offsets they still need (``committable``) and the
+    commit never passes them.
+
+Exactly-once (``exactly_once: true`` in the topology)
+    the outputs and the consumed offsets go in one Kafka transaction
+    (``send_offsets_to_transaction``); readers use ``read_committed``.
+
+Pipelining (processors that wait on a service, such as the inference worker)
+    a processor with ``pipelined = True`` starts a batch in ``submit`` (its
+    Triton call goes out) and the loop waits for the previous batch's acks and
+    commits it meanwhile, then finishes the new batch and produces its outputs.
+    Same guarantee: one batch at most is produced and not yet acknowledged,
+    offsets are committed in order after their own outputs' acks, and in
+    exactly-once mode the batch's transaction is committed before the next one
+    begins (and before partitions are revoked).
+
+A record that cannot be processed is never dropped and never blocks its
+partition: the processor turns it into a dead letter (``dead_letter``) carrying
+the original bytes and the reason in its headers, delivered like any output.
+
+Backpressure
+    a processor that cannot make progress now (a service it needs is slow or
+    down) raises :class:`~streams.errors.BackpressureError` from ``process``.
+    Nothing of that batch is produced or committed: the loop pauses every
+    assigned partition, seeks each partition of the batch back to its first
+    offset (the uncommitted position), and keeps polling (polls return nothing
+    while paused, so ``max.poll.interval.ms`` is never exceeded and the group
+    never rebalances) while it backs off exponentially and asks the processor
+    whether it is ``ready()``. Then it resumes, reads the same records again and
+    retries them. Works the same in both delivery modes.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import gc
+import hashlib
+import itertools
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NamedTuple
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from prometheus_client import Counter, Gauge, Histogram
+
+from streams.errors import BackpressureError, DeliveryError
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from streams.context import BuildContext
+
+log = logging.getLogger("tangram.delivery")
+
+RECORDS_IN = Counter("tangram_processor_records_in_total", "Records consumed.", ["processor"])
+COMMIT_FAILURES = Counter("tangram_processor_commit_failures_total",
+                          "Offset commits the broker refused (those records are read again).", ["processor"])
+LAG = Gauge("tangram_processor_consumer_lag_records", "Records not yet committed, per input partition.",
+            ["processor", "topic", "partition"])
+INGEST_TO_COMMIT = Histogram(
+    "tangram_processor_ingest_to_commit_seconds",
+    "From a record's originating event entering Tangram (ingest_ms header) to this stage committing it (sampled).",
+    ["processor"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+RECORDS_OUT = Counter("tangram_processor_records_out_total", "Records produced and acknowledged.", ["processor", "topic"])
+DEAD_LETTERS = Counter("tangram_processor_dead_letters_total", "Records sent to a DLQ.", ["processor", "reason"])
+BATCH_SECONDS = Histogram(
+    "tangram_processor_batch_duration_seconds",
+    "Consume-to-commit time of one micro-batch.",
+    ["processor"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+BACKPRESSURE = Counter(
+    "tangram_processor_backpressure_total", "Batches put back because the processor could not make progress.",
+    ["processor"],
+)
+PAUSED_SECONDS = Counter(
+    "tangram_processor_paused_seconds_total", "Time spent with every partition paused (backpressure).", ["processor"]
+)
+TRANSACTIONS_ABORTED = Counter(
+    "tangram_processor_transactions_aborted_total",
+    "Exactly-once batches whose transaction was aborted (the group moved on); their records are read again.",
+    ["processor"],
+)
+PAUSED = Gauge("tangram_processor_paused", "1 while the processor's partitions are paused (backpressure).", ["processor"])
+
+#: Header names carried by every record (DESIGN.md, "Contracts and wire format").
+H_EVENT_ID = "event_id"
+H_TRACE_ID = "trace_id"
+H_INGEST_MS = "ingest_ms"  # when the originating event entered Tangram; carried unchanged to the action
+H_TRACEPARENT = "traceparent"  # W3C Trace Context, one span per hop
+
+
+class Record(NamedTuple):
+    """One consumed record, as processors see it (a named tuple: built once per record on the hot path)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Mapping[str, bytes]
+    timestamp_ms: int
+
+    @property
+    def where(self) -> str:
+        """``topic[partition]@offset``, for log lines and DLQ headers."""
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+    def header(self, name: str, default: str = "") -> str:
+        value = self.headers.get(name)
+        return value.decode("utf-8", "replace") if value is not None else default
+
+
+_NO_HEADERS: Mapping[str, str | bytes] = MappingProxyType({})
+
+
+class Output(NamedTuple):
+    """One record to produce. ``key`` is the entity (UTF-8) so partitioning is by entity.
+
+    A named tuple, like :class:`Record`: built once per record on the hot path."""
+
+    topic: str
+    key: str | bytes | None
+    value: bytes | None
+    headers: Mapping[str, str | bytes] = _NO_HEADERS
+
+
+def traceparent(trace_id: str, span_of: str) -> str:
+    """A W3C ``traceparent`` for one hop: the trace's id and a span id derived from what the hop produced."""
+    span = hashlib.sha256(f"{trace_id}:{span_of}".encode()).hexdigest()[:16]
+    return f"00-{trace_id}-{span}-01"
+
+
+_CARRIED = (H_EVENT_ID, H_TRACE_ID, H_INGEST_MS)
+
+
+def carry_headers(record: Record, **extra: str) -> dict[str, str | bytes]:
+    """The tracing headers of ``record`` to put on an output derived from it.
+
+    The trace id and the ingest time travel unchanged; each hop gets a ``traceparent`` of its own
+    (W3C Trace Context), its span id derived from the output's ``event_id`` so replays reproduce it.
+    """
+    headers = record.headers
+    out: dict[str, str | bytes] = {k: headers[k] for k in _CARRIED if k in headers}
+    out.update(extra)
+    trace = out.get(H_TRACE_ID)
+    if trace:
+        trace = trace.decode() if isinstance(trace, bytes) else trace
+        event = out.get(H_EVENT_ID, b"")
+        out[H_TRACEPARENT] = traceparent(trace, event.decode() if isinstance(event, bytes) else event)
+    return out
+
+
+def dead_letter(record: Record, dlq_topic: str, stage: str, error: BaseException | str, reason: str | None = None) -> Output:
+    """The DLQ record for ``record``: original key and value untouched, the why in headers."""
+    error_class = type(error).__name__ if isinstance(error, BaseException) else "Rejected"
+    message = str(error)
+    headers: dict[str, str | bytes] = dict(record.headers)
+    headers.update(
+        {
+            "dlq.stage": stage,
+            "dlq.reason": reason or error_class,
+            "dlq.error_class": error_class,
+            "dlq.error_message": message[:1000],
+            "dlq.source_topic": record.topic,
+            "dlq.source_partition": str(record.partition),
+            "dlq.source_offset": str(record.offset),
+            "dlq.failed_ms": str(int(time.time() * 1000)),
+        }
+    )
+    return Output(dlq_topic, record.key, record.value, headers)
+
+
+class Processor(ABC):
+    """User logic of one stage. Implementations are plain classes; this loop owns Kafka.
+
+    ``tangram run`` makes one with :meth:`build` from its declaration in the topology. For a stage
+    that decodes, transforms and encodes records, :class:`streams.stage.Stage` does the plumbing;
+    subclass this directly for state kept across batches or a batch-at-a-time hot path.
+    """
+
+    name: str = "processor"
+    #: ``submit`` starts work that runs while the loop delivers the batch before (see the module's doc).
+    #: A pipelined processor keeps no state across batches: a batch may be read and submitted again.
+    pipelined: bool = False
+    #: Runs as exactly one replica whatever its partitions (its decisions are global, e.g. a model's canary):
+    #: deploy targets never scale it out.
+    singleton: bool = False
+    #: Reads model artifacts (model cards, baselines, digests) from the stack's model repository
+    #: (``TANGRAM_MODEL_REPOSITORY``): deploy targets give it the model server's repository.
+    needs_models: bool = False
+
+    @classmethod
+    @abstractmethod
+    def build(cls, ctx: "BuildContext") -> "Self":
+        """Make the processor from its declaration: ``ctx`` holds its spec, settings, codecs and the stack."""
+
+    def setup(self) -> None:
+        """Open connections (Triton, Redis). Called once before the first batch."""
+
+    @abstractmethod
+    def process(self, batch: list[Record]) -> list[Output]:
+        """Turn a micro-batch into outputs (dead letters included). Must not raise for bad records."""
+
+    def submit(self, batch: list[Record]) -> Callable[[], list[Output]]:
+        """Start work on ``batch``; the loop calls what this returns for its outputs (raising like ``process``).
+
+        A ``pipelined`` processor starts here what waits on a service, so that the wait overlaps the
+        delivery of the batch before. The default defers ``process`` to that call.
+        """
+        return functools.partial(self.process, batch)
+
+    def flush(self) -> None:
+        """Make side effects outside Kafka durable. Called after outputs are acknowledged, before the commit."""
+
+    def committable(self, partition: TopicPartition) -> int | None:
+        """The earliest offset of ``partition`` still needed by state kept across batches, if any."""
+        return None
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None:
+        """Drop state of partitions this instance no longer owns (their new owner rebuilds it)."""
+
+    def idle(self) -> list[Output]:
+        """Called when a poll returned nothing; may emit outputs (timers)."""
+        return []
+
+    def ready(self) -> bool:
+        """After a :class:`BackpressureError`: can the processor make progress again? Must answer within seconds."""
+        return True
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+def _first_offsets(records: Iterable[Record]) -> dict[tuple[str, int], int]:
+    """The lowest offset of ``records`` in each of their partitions (where to seek back to read them again)."""
+    first: dict[tuple[str, int], int] = {}
+    for r in records:
+        key = (r.topic, r.partition)
+        first[key] = min(first.get(key, r.offset), r.offset)
+    return first
+
+
+class _Submitted(NamedTuple):
+    """A batch handed to ``Processor.submit``: nothing of it is produced yet."""
+
+    records: list[Record]
+    finish: Callable[[], list[Output]]
+    started: float  # perf_counter() when it was submitted
+
+
+class _Sent(NamedTuple):
+    """A batch whose outputs are produced: its acks, side effects and commit are outstanding."""
+
+    outputs: list[Output]
+    offsets: list[TopicPartition]
+    records: list[Record]
+    started: float  # perf_counter() when the batch was submitted
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    bootstrap_servers: str
+    group_id: str
+    inputs: tuple[str, ...]
+    batch_size: int = 500
+    max_wait_ms: int = 100
+    exactly_once: bool = False
+    delivery_timeout_s: float = 30.0
+    client_id: str = ""
+    backoff_initial_s: float = 0.25  # first pause after a BackpressureError; doubles up to backoff_max_s
+    backoff_max_s: float = 5.0
+    max_poll_interval_ms: int = 300_000
+    session_timeout_ms: int = 10_000  # a killed member's partitions move to a live one within ~10 s
+    #: Static group membership (KIP-345): a member restarted with the same id takes its partitions
+    #: back without a rebalance, and, in exactly-once mode, its transactional id fences and aborts
+    #: the dead instance's open transaction at once. Defaults to $TANGRAM_GROUP_INSTANCE_ID.
+    group_instance_id: str = field(default_factory=lambda: os.environ.get("TANGRAM_GROUP_INSTANCE_ID", ""))
+    #: Exactly-once: the broker aborts a transaction left open this long (Kafka Streams' default).
+    transaction_timeout_s: float = 10.0
+
+
+class Runner:
+    """Runs one processor: the consume → process → deliver → flush → commit loop."""
+
+    def __init__(self, processor: Processor, config: RunnerConfig):
+        self.processor = processor
+        self.config = config
+        self.log = logging.getLogger(f"tangram.processor.{processor.name}")
+        self._stop = threading.Event()
+        client_id = config.client_id or f"{config.group_id}-{uuid.uuid4().hex[:8]}"
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": config.bootstrap_servers,
+                "group.id": config.group_id,
+                "client.id": client_id,
+                "enable.auto.commit": False,  # offsets are committed by this loop only, after delivery
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+                "partition.assignment.strategy": "cooperative-sticky",
+                "max.poll.interval.ms": config.max_poll_interval_ms,
+                "session.timeout.ms": config.session_timeout_ms,
+                **({"group.instance.id": config.group_instance_id} if config.group_instance_id else {}),
+                "on_commit": self._on_commit,
+            }
+        )
+        self._committed: dict[tuple[str, int], int] = {}  # the newest position handed to commit, per partition
+        producer_conf = {
+            "bootstrap.servers": config.bootstrap_servers,
+            "client.id": client_id,
+            "enable.idempotence": True,  # forces acks=all and ordered retries
+            "acks": "all",
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "delivery.timeout.ms": int(config.delivery_timeout_s * 1000),
+            # Delivery reports for failures only: no Python callback per acknowledged record.
+            "delivery.report.only.error": True,
+            "on_delivery": self._on_delivery,
+        }
+        if config.exactly_once:
+            producer_conf["transactional.id"] = f"{config.group_id}-{config.group_instance_id or client_id}"
+            producer_conf["transaction.timeout.ms"] = int(config.transaction_timeout_s * 1000)
+            # librdkafka: a message may not outlive the transaction it belongs to.
+            producer_conf["delivery.timeout.ms"] = min(producer_conf["delivery.timeout.ms"],
+                                                       producer_conf["transaction.timeout.ms"])
+        self.producer = Producer(producer_conf)
+        self._failures: list[str] = []
+        self._submitted: collections.deque[_Submitted] = collections.deque()  # submitted, outputs not produced yet
+        self._pending: _Sent | None = None  # a pipelined processor's batch: produced, acks and commit outstanding
+        self._rewound: dict[tuple[str, int], int] = {}  # partitions sought back in a rebalance callback
+        self._in_callback = False
+        self._backoff_s = config.backoff_initial_s
+        #: Partition assignments received (one per rebalance this member took part in).
+        self.assignments = 0
+        #: Batches put back after a BackpressureError, and seconds spent paused.
+        self.backpressure_events = 0
+        self.paused_s = 0.0
+
+    # -- lifecycle -----------------------------------------------------------------
+    def stop(self, *_: object) -> None:
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+
+    def run(self, max_batches: int | None = None) -> None:
+        cfg = self.config
+        self.processor.setup()
+        # What exists now (modules, clients, models) lives as long as the process: keep it out of the
+        # collector's scans, which otherwise grow with it and show up as pauses on the hot path.
+        gc.freeze()
+        if cfg.exactly_once:
+            self.producer.init_transactions(cfg.delivery_timeout_s)
+        self.consumer.subscribe(list(cfg.inputs), on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_revoke)
+        self.log.info("%s consuming %s as group %s (%s)", self.processor.name, ",".join(cfg.inputs), cfg.group_id,
+                      "exactly-once" if cfg.exactly_once else "at-least-once")
+        pipelined = self.processor.pipelined
+        batches = 0
+        try:
+            while not self._stop.is_set() and (max_batches is None or batches < max_batches):
+                busy = self._pending is not None or bool(self._submitted)
+                # While batches are in flight, take only what is fetched already: never wait with work at hand.
+                messages = self.consumer.consume(cfg.batch_size, 0 if busy else cfg.max_wait_ms / 1000)
+                records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
+                                  dict(h) if (h := m.headers()) else {}, m.timestamp()[1])
+                           for m in messages if m.error() is None or self._usable(m)]  # Record.from_message, inlined
+                if self._rewound:  # sought back inside this consume (a revocation): what it brought is read again
+                    rewound, self._rewound = self._rewound, {}
+                    records = [r for r in records if (r.topic, r.partition) not in rewound]
+                    self._rewind(rewound)
+                if not records and not busy:
+                    if outputs := self.processor.idle():
+                        self._complete(self._send(outputs, [], []))
+                    continue
+                if records:
+                    started = time.perf_counter()
+                    try:  # a pipelined processor's service call goes out now
+                        finish = self.processor.submit(records)
+                    except BackpressureError as exc:
+                        self._put_back(records, exc)
+                        continue
+                    self._submitted.append(_Submitted(records, finish, started))
+                if self._pending is not None:
+                    self._complete_pending()  # the batch before: acks, side effects, commit
+                if not self._submitted or (pipelined and records and len(self._submitted) < 2):
+                    continue  # a pipelined processor keeps one batch submitted while the next is fetched
+                batch = self._submitted.popleft()
+                try:
+                    outputs = batch.finish()
+                except BackpressureError as exc:
+                    self._put_back(batch.records, exc)
+                    continue
+                self._backoff_s = cfg.backoff_initial_s
+                RECORDS_IN.labels(self.processor.name).inc(len(batch.records))
+                sent = self._send(outputs, self._positions(batch.records), batch.records, batch.started)
+                if pipelined:
+                    self._pending = sent
+                else:
+                    self._complete(sent)
+                batches += 1
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        try:
+            if self._pending is not None:
+                self._complete_pending()
+        except (DeliveryError, KafkaException) as exc:
+            self.log.warning("the last batch was not committed, it will be read again: %s", exc)
+        try:
+            self.processor.close()
+        finally:
+            self.producer.flush(self.config.delivery_timeout_s)
+            self._commit_sync(list(self._committed))
+            self.consumer.close()
+            self.log.info("%s stopped", self.processor.name)
+
+    def _commit_sync(self, partitions: list[tuple[str, int]]) -> None:
+        """Commit the newest delivered positions of ``partitions`` and wait (revocation, shutdown)."""
+        offsets = [TopicPartition(t, p, self._committed[(t, p)]) for t, p in partitions if (t, p) in self._committed]
+        if not offsets or self.config.exactly_once:
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:  # e.g. the partitions already moved: their new owner reads them again
+            self.log.warning("final commit of %d partition(s) failed, they will be read again: %s", len(offsets), exc)
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if err is not None and err.code() != KafkaError._NO_OFFSET:
+            COMMIT_FAILURES.labels(self.processor.name).inc()
+            self.log.warning("offset commit failed (records will be read again): %s", err.str())
+
+    # -- backpressure ------------------------------------------------------------------
+    def _put_back(self, records: list[Record], reason: BackpressureError) -> None:
+        """Backpressure: the batch produced before is completed, ``records`` and every batch submitted
+        after them are put back (their results, if any, are dropped: nothing of them was produced)."""
+        if self._pending is not None:
+            self._complete_pending()
+        later = [r for batch in self._submitted for r in batch.records]
+        self._submitted.clear()
+        self._back_off([*records, *later], reason)
+
+    def _drop_in_flight(self, records: list[Record], revoked: frozenset | set = frozenset()) -> None:
+        """Read ``records`` and every batch submitted and not produced again: seek their partitions (those not
+        ``revoked``) back to the first of them. Inside a rebalance callback the consume call that runs it
+        may bring records fetched before the seek: the loop drops those and seeks again."""
+        first = _first_offsets(itertools.chain(records, *(batch.records for batch in self._submitted)))
+        self._submitted.clear()
+        kept = {tp: offset for tp, offset in first.items() if tp not in revoked}
+        self._rewind(kept)
+        if self._in_callback:
+            for tp, offset in kept.items():
+                self._rewound[tp] = min(self._rewound.get(tp, offset), offset)
+
+    def _back_off(self, records: list[Record], reason: BackpressureError) -> None:
+        """Put ``records`` back, pause, poll while backing off until the processor is ready, resume.
+
+        Nothing of the batch was produced or committed. Each partition of the batch is sought
+        back to the batch's first offset in it, so that after ``resume`` the same records are
+        read again. Records a poll returns while paused (a partition assigned meanwhile) are put
+        back the same way. Polling goes on throughout, so the member stays in its group.
+        """
+        name = self.processor.name
+        self.backpressure_events += 1
+        BACKPRESSURE.labels(name).inc()
+        first = _first_offsets(records)
+        self.consumer.pause(self.consumer.assignment())
+        PAUSED.labels(name).set(1)
+        self._rewind(first)
+        delay = self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, self.config.backoff_max_s)
+        self.log.warning("%s cannot make progress, %d records put back (%s); paused, retrying in %.2fs: %s",
+                         name, len(records), ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(first.items())),
+                         delay, reason)
+        started = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                self._poll_paused(time.monotonic() + delay, first)
+                if self._stop.is_set() or self.processor.ready():
+                    break
+                delay = self._backoff_s
+                self._backoff_s = min(self._backoff_s * 2, self.config.backoff_max_s)
+                self.log.info("%s still not ready after %.1fs paused; next check in %.2fs",
+                              name, time.monotonic() - started, delay)
+        finally:
+            paused = time.monotonic() - started
+            self.paused_s += paused
+            PAUSED_SECONDS.labels(name).inc(paused)
+            PAUSED.labels(name).set(0)
+            self.consumer.resume(self.consumer.assignment())
+        self.log.info("%s resumed after %.2fs paused", name, paused)
+
+    def _poll_paused(self, until: float, first: dict[tuple[str, int], int]) -> None:
+        """Poll until ``until`` (monotonic) with every partition paused; put back anything a poll returns.
+
+        ``first`` is where each partition was sought back to; a message at or past it will be read
+        again anyway, one before it (a partition assigned while paused) moves the rewind point back.
+        """
+        while (left := until - time.monotonic()) > 0 and not self._stop.is_set():
+            messages = self.consumer.consume(self.config.batch_size, min(left, 0.2))
+            stray: dict[tuple[str, int], int] = {}
+            for m in messages:
+                if not self._usable(m):
+                    continue
+                key = (m.topic(), m.partition())
+                if m.offset() < first.get(key, m.offset() + 1):
+                    stray[key] = min(stray.get(key, m.offset()), m.offset())
+            if stray:
+                first.update(stray)
+                self.consumer.pause([TopicPartition(t, p) for t, p in stray])
+                self._rewind(stray)
+
+    def _rewind(self, first: Mapping[tuple[str, int], int]) -> None:
+        """Seek each partition back to ``first[partition]``; a partition no longer assigned is skipped."""
+        assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        for (topic, partition), offset in first.items():
+            if (topic, partition) not in assigned:
+                continue  # revoked meanwhile: its new owner reads from the committed offset
+            # A failed seek raises: the processor stops without committing, a restart re-reads.
+            self.consumer.seek(TopicPartition(topic, partition, offset))
+
+    # -- the guarantee ---------------------------------------------------------------
+    def _send(self, outputs: list[Output], offsets: list[TopicPartition], records: list[Record],
+              started: float = 0.0) -> "_Sent":
+        """Produce ``outputs`` (in a new transaction in exactly-once mode); :meth:`_complete` finishes the batch."""
+        if self.config.exactly_once:
+            self.producer.begin_transaction()
+        self._failures.clear()
+        produce = self.producer.produce
+        for out in outputs:
+            try:  # the hot path: headers go as they are (str or bytes values)
+                produce(out.topic, out.value, out.key, headers=out.headers or None)
+            except (BufferError, TypeError):
+                self._produce(out)
+        return _Sent(outputs, offsets, records, started)
+
+    def _complete_pending(self) -> None:
+        sent, self._pending = self._pending, None
+        self._complete(sent)
+
+    def _complete(self, sent: "_Sent") -> None:
+        """Wait for every ack of the batch's outputs, run side effects, then commit its offsets."""
+        transactional = self.config.exactly_once
+        outputs, offsets = sent.outputs, sent.offsets
+        remaining = self.producer.flush(self.config.delivery_timeout_s)
+        if remaining or self._failures:
+            if transactional:
+                self.producer.abort_transaction()
+            detail = "; ".join(self._failures[:3]) or f"{remaining} not acknowledged in {self.config.delivery_timeout_s}s"
+            raise DeliveryError(f"{self.processor.name}: outputs not delivered, offsets not committed: {detail}")
+        self.processor.flush()
+        if transactional:
+            try:
+                if offsets:
+                    self.producer.send_offsets_to_transaction(
+                        offsets, self.consumer.consumer_group_metadata(), self.config.delivery_timeout_s
+                    )
+                self.producer.commit_transaction(self.config.delivery_timeout_s)
+            except KafkaException as exc:
+                if not exc.args[0].txn_requires_abort():
+                    raise  # fenced or fatal: the process stops, a restart reads the batch again
+                self.producer.abort_transaction()
+                if not (self.processor.pipelined and sent.records):
+                    # State built from the batch (windows) would count it twice if it were read again here:
+                    # the processor stops, and a restart rebuilds its state from the committed offsets.
+                    raise DeliveryError(f"{self.processor.name}: transaction aborted, offsets not committed: "
+                                        f"{exc.args[0].str()}") from exc
+                # Typically the group moved to a new generation (a rebalance) while the batch was in flight:
+                # its outputs are discarded and its records, and those of the batches after it, read again.
+                TRANSACTIONS_ABORTED.labels(self.processor.name).inc()
+                self.log.warning("%s: transaction aborted, %d records read again: %s", self.processor.name,
+                                 len(sent.records), exc.args[0].str())
+                self._drop_in_flight(sent.records)
+                return
+        elif offsets:
+            # Asynchronous: the outputs are acknowledged already, so the guarantee holds whenever the
+            # commit lands; a commit lost to a crash only means those records are read once more.
+            # Revocation and shutdown commit synchronously (``_on_revoke``, ``close``).
+            self.consumer.commit(offsets=offsets, asynchronous=True)
+            for tp in offsets:
+                self._committed[(tp.topic, tp.partition)] = tp.offset
+        for topic, n in collections.Counter(out.topic for out in outputs).items():
+            RECORDS_OUT.labels(self.processor.name, topic).inc(n)
+        for out in outputs:
+            if "dlq.reason" in out.headers:
+                DEAD_LETTERS.labels(self.processor.name, str(out.headers["dlq.reason"])).inc()
+        self._observe(offsets)
+        if sent.records:
+            BATCH_SECONDS.labels(self.processor.name).observe(time.perf_counter() - sent.started)
+            self._observe_latency(sent.records)
+
+    def _observe_latency(self, records: list[Record], sample: int = 64) -> None:
+        """Ingest-to-commit latency of up to ``sample`` records of the batch, evenly spaced."""
+        now_ms = time.time() * 1000
+        histogram = INGEST_TO_COMMIT.labels(self.processor.name)
+        for record in records[:: max(1, len(records) // sample)]:
+            ingest = record.headers.get(H_INGEST_MS)
+            if ingest:
+                histogram.observe(max(0.0, now_ms - int(ingest)) / 1000)
+
+    def _observe(self, positions: list[TopicPartition]) -> None:
+        """Consumer lag per partition after a commit, from the high watermarks the last fetch brought."""
+        for tp in positions:
+            try:
+                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
+            except KafkaException:
+                continue
+            if high >= 0:
+                LAG.labels(self.processor.name, tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
+
+    def _produce(self, out: Output) -> None:
+        """Produce one output whatever its header values are, waiting while the local queue is full."""
+        headers = [(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in out.headers.items()]
+        while True:
+            try:
+                self.producer.produce(out.topic, out.value, out.key, headers=headers)
+                return
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                self.producer.poll(0.1)
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self._failures.append(f"{msg.topic()}: {err.str()}")
+
+    def _positions(self, records: Iterable[Record]) -> list[TopicPartition]:
+        """Next offset to read per partition, held back to what stateful processors still need."""
+        # one consume() brings each partition's records in offset order: the last one seen is the highest
+        last = {(r.topic, r.partition): r.offset for r in records}
+        positions = []
+        for (topic, partition), offset in last.items():
+            tp = TopicPartition(topic, partition)
+            needed = self.processor.committable(tp)
+            positions.append(TopicPartition(topic, partition, offset + 1 if needed is None else min(needed, offset + 1)))
+        return positions
+
+    def _usable(self, msg: Message) -> bool:
+        err = msg.error()
+        if err is None:
+            return True
+        if err.code() == KafkaError._PARTITION_EOF:
+            return False
+        if err.fatal():
+            raise KafkaException(err)
+        self.log.warning("consumer error: %s", err.str())
+        return False
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assignments += 1
+        self.log.info("partitions assigned: %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions) or "none")
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.log.info("partitions revoked: %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))
+        self._in_callback = True  # seeks made now are repeated after the consume that runs this callback
+        try:
+            if self._pending is not None:  # its transaction and offsets belong to the generation ending now
+                self._complete_pending()
+        except DeliveryError as exc:
+            self.log.warning("the batch in flight was not committed, the new owner reads it again: %s", exc)
+        try:
+            # nothing of the batches submitted is produced: read again, here or by the partitions' new owners
+            self._drop_in_flight([], revoked={(p.topic, p.partition) for p in partitions})
+        finally:
+            self._in_callback = False
+        self._commit_sync([(p.topic, p.partition) for p in partitions])
+        for p in partitions:
+            self._committed.pop((p.topic, p.partition), None)
+        self.processor.on_revoke(partitions)

@@ -1,0 +1,146 @@
+"""``tangram deploy k8s``: a Helm chart for one topology.
+
+The templates (``chart/templates``, package data) are the same for every application; what differs is
+``values.yaml``, computed here from the topology: each processor's replicas, consumer group and inputs,
+its CPU request from the declared ``compute.target_utilization``, whether it may scale, every topic's
+partitions, replication and configs, and whether Triton needs a GPU. The templates derive the
+autoscaling bound from those topics (a processor never gets more replicas than its narrowest input has
+partitions), so an edited values file cannot break it either. The Grafana dashboards are written into
+the chart from ``streams.monitor.dashboards``, the same panels docker-compose provisions.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from streams import __version__
+from streams.errors import TangramError, TopologyError
+from streams.monitor.dashboards import DASHBOARDS, PROCESSOR_METRICS_PORT, dashboard_json
+from streams.topology import ProcessorSpec, Topology
+
+TEMPLATES = importlib.resources.files("streams.deploy") / "chart" / "templates"
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.01-py3"      # docker-compose.yml's
+REGISTRY_IMAGE = "confluentinc/cp-schema-registry:7.7.1"   # docker-compose.yml's
+REDIS_IMAGE = "redis:7"                                    # docker-compose.yml's
+
+
+class ChartSettings(BaseModel):
+    """What the topology does not say about a cluster: where the image and the Kafka cluster are."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    app_path: str = Field(description="The app (folder or topology file) inside the image, as `tangram run` takes it.")
+    image: str = Field(f"tangram:{__version__}", description="The Tangram image, `repository:tag`.")
+    kafka_cluster: str = Field("tangram", description="The Strimzi `Kafka` resource the topics belong to.")
+    lag_threshold: int = Field(1000, ge=1, description="Consumer lag per replica at which KEDA adds one.")
+    memory_request: str = Field("256Mi", description="Each processor replica's memory request.")
+    memory_limit: str = Field("1Gi", description="Each processor replica's memory limit.")
+
+
+def _scales_with_partitions(topology: Topology, spec: ProcessorSpec) -> bool:
+    """A processor that declares itself a singleton (the canary job decides per model) runs as one replica."""
+    return not topology.load_object(spec.kind).singleton
+
+
+def _processor_values(topology: Topology, name: str, settings: ChartSettings) -> dict:
+    spec = topology.processors[name]
+    bound = min(topology.partitions(topic) for topic in spec.inputs)
+    if spec.replicas > bound:
+        raise TopologyError(f"processor {name!r}: {spec.replicas} replicas but its narrowest input has {bound} "
+                            "partitions; the extra replicas would sit idle")
+    return {
+        "replicas": spec.replicas,
+        "group": topology.group(name),
+        "inputs": list(spec.inputs),
+        "autoscaling": _scales_with_partitions(topology, spec),
+        "needsModels": bool(topology.load_object(spec.kind).needs_models),
+        "resources": {
+            # one Python process is busy at most one core; the topology plans it at target_utilization of it
+            "requests": {"cpu": f"{round(spec.compute.target_utilization * 1000)}m",
+                         "memory": settings.memory_request},
+            "limits": {"cpu": "1", "memory": settings.memory_limit},
+        },
+    }
+
+
+def chart_values(topology: Topology, settings: ChartSettings) -> dict:
+    """The chart's values.yaml as data: everything the templates need, from the topology and the settings."""
+    repository, _, tag = settings.image.rpartition(":")
+    gpu = any(spec.compute.device == "gpu" for spec in topology.processors.values()
+              if any(call.service == "triton" for call in spec.calls))
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
+        "app": {"name": topology.app, "path": settings.app_path},
+        "metricsPort": PROCESSOR_METRICS_PORT,
+        "kafka": {
+            "cluster": settings.kafka_cluster,
+            "host": f"{settings.kafka_cluster}-kafka-bootstrap",
+            "port": 9092,
+            "strimziTopics": True,
+        },
+        "autoscaling": {"enabled": True, "lagThreshold": settings.lag_threshold, "pollingInterval": 15,
+                        "cooldownPeriod": 300},
+        "processors": {name: _processor_values(topology, name, settings) for name in topology.processors},
+        "topics": {
+            topic: {"partitions": topology.partitions(topic), "replicas": topology.replication(topic),
+                    "config": spec.configs()}
+            for topic, spec in topology.topics.items()
+        },
+        "triton": {
+            "image": TRITON_IMAGE,
+            "gpu": {"enabled": gpu, "count": 1},
+            "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}},
+            "modelRepository": {"size": "2Gi", "storageClassName": ""},
+            "nodeSelector": {},
+            "tolerations": [],
+        },
+        "schemaRegistry": {"image": REGISTRY_IMAGE, "replicationFactor": topology.defaults.replication_factor},
+        "redis": {"image": REDIS_IMAGE, "existingSecret": f"{topology.app}-redis", "secretKey": "password",
+                  "storage": "1Gi"},
+        "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {}},
+        "dashboards": {"enabled": True, "labels": {"grafana_dashboard": "1"}},
+    }
+
+
+_VALUES_HEADER = """\
+# Generated from {source} by `tangram deploy k8s`; render it again when the topology changes.
+# image: the Tangram image (the wheel and the app folders); app.path: the app inside it.
+# processors.<name>: replicas (the topology's), consumer group, inputs, resources, and whether KEDA may
+#   scale it on consumer lag; the chart bounds that by the partitions of its narrowest input.
+# topics: the Strimzi KafkaTopics (kafka.strimziTopics: false when topics are managed elsewhere).
+# triton.gpu.enabled: an `nvidia.com/gpu` limit for Triton (on when an inference processor declares gpu).
+# redis.existingSecret: the Secret holding the Redis password (key redis.secretKey); create it first.
+# serviceMonitor / dashboards: Prometheus Operator ServiceMonitors and Grafana dashboard ConfigMaps.
+"""
+
+
+def render_chart(topology: Topology, source: str, out: Path, settings: ChartSettings) -> list[Path]:
+    """Write the chart for ``topology`` into ``out`` (replacing an earlier rendering); returns the files written."""
+    if out.exists() and any(out.iterdir()) and not (out / "Chart.yaml").is_file():
+        raise TangramError(f"{out} is not empty and holds no chart: give `--out` a new folder or an earlier chart's")
+    for owned in ("templates", "dashboards"):
+        shutil.rmtree(out / owned, ignore_errors=True)
+        (out / owned).mkdir(parents=True)
+    chart = {"apiVersion": "v2", "name": f"tangram-{topology.app.replace('_', '-')}", "version": __version__,
+             "appVersion": __version__, "type": "application",
+             "description": topology.description or f"Tangram topology {topology.app}"}
+    written = [out / "Chart.yaml", out / "values.yaml"]
+    written[0].write_text(yaml.safe_dump(chart, sort_keys=False, allow_unicode=True))
+    written[1].write_text(_VALUES_HEADER.format(source=source)
+                          + yaml.safe_dump(chart_values(topology, settings), sort_keys=False, allow_unicode=True))
+    for template in TEMPLATES.iterdir():
+        if template.name.endswith((".yaml", ".tpl")):
+            path = out / "templates" / template.name
+            path.write_text(template.read_text())
+            written.append(path)
+    for dashboard in DASHBOARDS:
+        path = out / "dashboards" / f"{dashboard.uid}.json"
+        path.write_text(json.dumps(dashboard_json(dashboard), indent=2, ensure_ascii=False) + "\n")
+        written.append(path)
+    return written

@@ -1,0 +1,217 @@
+"""The online store: Feast's Redis store, written by the engines and read by the rules, without Feast.
+
+Every engine writes the newest row of each entity straight into Feast's Redis layout
+(``streams.features.layout``: one hash per entity and Feast project, murmur3 field names,
+``feast.types.Value`` values, ``_ts:<view>``, the key TTL), so Feast's own
+``get_online_features`` serves what the engines wrote, and the lookups here read the same
+bytes. Writes keep Feast's rule: a row whose ``window_end`` is not newer than the stored one
+is skipped, so a replayed window leaves the same state. When Redis is down the writer waits
+and retries (bounded by ``retry_s``) instead of losing the rows: the delivery loop does not
+commit offsets until ``flush`` returned.
+
+Reads:
+
+- ``read_online_features(client, entity_ids, layout)``: Feast's ``HMGET`` of every field of the
+  view for each entity, all in one command (``HMGET_MANY``, a Lua script: packing one 33-argument
+  ``HMGET`` per key cost more in Python than Redis serving it); the rule processor's lookup, once
+  per micro-batch;
+- ``OnlineLookup``: an asyncio lookup for servers with many concurrent callers: the lookups
+  made while a round trip is in flight are coalesced into the next command (DataLoader style),
+  so a burst of single-key calls costs a few round trips, not one each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis
+import redis.asyncio
+
+from streams.errors import DeliveryError
+from streams.features.layout import HMGET_MANY, HMGET_MANY_SHA, FeastLayout, decode_timestamp_ns, decode_value
+
+log = logging.getLogger("tangram.features.online")
+
+T = TypeVar("T")
+
+
+class OnlineWriter:
+    """Stages output rows and writes them to Feast's Redis layout on ``flush``, retrying while Redis is unreachable."""
+
+    def __init__(self, redis_url: str, layout: FeastLayout, *, retry_s: float = 300.0, timeout_s: float = 5.0):
+        self.layout = layout
+        self.retry_s = retry_s
+        self.redis = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._pending: dict[str, dict] = {}  # entity → newest row not yet written
+        self.retries = 0
+        self.written = 0
+        self.skipped = 0  # rows not newer than the stored one (Feast's rule)
+
+    def setup(self) -> None:
+        self._retrying("ping", self.redis.ping)
+
+    def stage(self, row: dict) -> None:
+        entity = row[self.layout.join_key]
+        current = self._pending.get(entity)
+        if current is None or self.layout.event_time_ms(row) >= self.layout.event_time_ms(current):
+            self._pending[entity] = row
+
+    def emitted_ends(self, entities: list[str]) -> list[int]:
+        """The ``window_end`` stored for each entity (-1 when none): its windows up to there were emitted."""
+        field = self.layout.hashes[self.layout.event_time_field]
+
+        def read() -> list:
+            pipe = self.redis.pipeline(transaction=False)
+            for entity in entities:
+                pipe.hget(self.layout.key(entity), field)
+            return pipe.execute()
+        return [-1 if (end := decode_value(raw)) is None else int(end) for raw in self._retrying("read", read)]
+
+    def flush(self) -> None:
+        """Write the staged rows newer than what Redis holds (two pipelined round trips, as Feast's writer)."""
+        if not self._pending:
+            return
+        layout = self.layout
+        rows = list(self._pending.values())
+        keys = [layout.key(row[layout.join_key]) for row in rows]
+
+        def write() -> tuple[int, int]:
+            pipe = self.redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.hget(key, layout.ts_field)
+            stored = pipe.execute()
+            written = skipped = 0
+            for key, row, before in zip(keys, rows, stored):
+                if before is not None and layout.event_time_ms(row) * 1_000_000 <= decode_timestamp_ns(before):
+                    skipped += 1
+                    continue
+                pipe.hset(key, mapping=layout.encode_row(row))
+                if layout.key_ttl_s:
+                    pipe.expire(key, layout.key_ttl_s)
+                written += 1
+            if written:
+                pipe.execute()
+            return written, skipped
+
+        written, skipped = self._retrying("write", write)
+        self.written += written
+        self.skipped += skipped
+        self._pending.clear()
+
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.1
+        while True:
+            try:
+                return call()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if time.monotonic() >= deadline:
+                    raise DeliveryError(f"online store {what} failed for {self.retry_s:.0f}s ({exc}); "
+                                        "offsets not committed: start Redis and restart the processor") from exc
+                self.retries += 1
+                log.warning("online store %s failed (%s); retrying in %.1fs", what, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+def read_online_features(client: redis.Redis, entity_ids: list[str], layout: FeastLayout) -> list[dict]:
+    """The newest row of each entity in the online store (``{}`` when unknown), in one command."""
+    if not entity_ids:
+        return []
+    keys = [layout.key(e) for e in entity_ids]
+    try:
+        replies = client.evalsha(HMGET_MANY_SHA, len(keys), *keys, *layout.read_fields)
+    except redis.exceptions.NoScriptError:  # a fresh or restarted Redis: load the script once
+        client.script_load(HMGET_MANY)
+        replies = client.evalsha(HMGET_MANY_SHA, len(keys), *keys, *layout.read_fields)
+    return [layout.decode_row(values) for values in replies]
+
+
+class OnlineLookup:
+    """Asyncio lookups of the online store that coalesce concurrent callers into shared round trips.
+
+    ``await lookup.get(ids)`` queues the ids; a flusher sends what is queued as one command
+    (``HMGET_MANY``), at most ``max_in_flight`` commands at a time and ``max_keys`` keys a command
+    (a Lua script runs alone in Redis: a bounded one keeps everyone else's waits short), so under
+    load each round trip carries the lookups that arrived during the previous one (DataLoader
+    style). Every round trip has the socket deadline ``timeout_s``; a failed one fails only the
+    calls it carried. It does not shed load: past its capacity calls queue, and their latency shows it.
+    """
+
+    def __init__(self, redis_url: str, layout: FeastLayout, *, max_in_flight: int = 2, max_keys: int = 512,
+                 timeout_s: float = 1.0):
+        self.layout = layout
+        self.max_in_flight = max_in_flight
+        self.max_keys = max_keys
+        self.redis = redis.asyncio.Redis.from_url(redis_url, socket_timeout=timeout_s,
+                                                  socket_connect_timeout=timeout_s)
+        self._queue: deque[tuple[list[str], asyncio.Future]] = deque()
+        self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
+        self._in_flight = 0
+        self._scheduled = False
+        self.round_trips = 0
+
+    def get(self, entity_ids: list[str]) -> asyncio.Future:
+        """Awaitable: the newest row of each entity (``{}`` when unknown)."""
+        future = asyncio.get_running_loop().create_future()
+        if not entity_ids:
+            future.set_result([])
+            return future
+        self._queue.append((entity_ids, future))
+        if not self._scheduled and self._in_flight < self.max_in_flight:
+            self._scheduled = True
+            future.get_loop().call_soon(self._flush)  # after the callers of this loop tick queued theirs
+        return future
+
+    def _flush(self) -> None:
+        """Send the queued calls, ``max_keys`` keys a command at most (a script runs alone in Redis)."""
+        self._scheduled = False
+        queue = self._queue
+        while queue and self._in_flight < self.max_in_flight:
+            batch = [queue.popleft()]
+            keys = len(batch[0][0])
+            while queue and keys + len(queue[0][0]) <= self.max_keys:
+                keys += len(queue[0][0])
+                batch.append(queue.popleft())
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._round_trip(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _round_trip(self, batch: list[tuple[list[str], asyncio.Future]]) -> None:
+        layout = self.layout
+        key = layout.key
+        keys = [key(entity) for ids, _ in batch for entity in ids]
+        try:
+            try:
+                replies = await self.redis.evalsha(HMGET_MANY_SHA, len(keys), *keys, *layout.read_fields)
+            except redis.exceptions.NoScriptError:
+                await self.redis.script_load(HMGET_MANY)
+                replies = await self.redis.evalsha(HMGET_MANY_SHA, len(keys), *keys, *layout.read_fields)
+            self.round_trips += 1
+            at = 0
+            decode = layout.decode_row
+            for ids, future in batch:
+                if not future.done():
+                    future.set_result([decode(v) for v in replies[at:at + len(ids)]])
+                at += len(ids)
+        except Exception as exc:  # noqa: BLE001 - handed to every caller of this round trip
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+        finally:
+            self._in_flight -= 1
+            if self._queue and not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+
+    async def close(self) -> None:
+        await self.redis.aclose()

@@ -1,0 +1,123 @@
+"""Start the PyFlink feature job from the application environment.
+
+``fetch_jars`` resolves the connector jars of ``streams/flink/pom.xml`` with Maven (cached in
+``~/.m2``) into ``<home>/flink/lib``; ``job_argv`` is the command line of the job on a local
+mini-cluster, run by the Flink environment's interpreter (``.venv-flink``, or
+``TANGRAM_FLINK_PYTHON``); ``run_job`` runs it to the end (bounded input) with a deadline.
+
+    python -m streams.flink.launcher jars
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import streams
+from streams.errors import StackError
+from streams.settings import StackSettings
+
+log = logging.getLogger("tangram.flink")
+
+#: Package data, copied next to the jars before Maven runs (Maven writes ``target/`` beside its pom).
+POM = Path(__file__).with_name("pom.xml")
+#: The folder holding the ``streams`` package: the job's Python workers import the feature-set code from it.
+SOURCE_ROOT = Path(streams.__file__).resolve().parent.parent
+_STAMP = ".pom.sha256"
+
+
+def flink_python() -> Path:
+    """The Flink environment's interpreter (``TANGRAM_FLINK_PYTHON``); StackError naming `make setup` when missing."""
+    python = StackSettings().flink_python
+    if not python.exists():
+        raise StackError(f"the Flink environment interpreter {python} is missing: run `make setup`")
+    return python
+
+
+def lib_dir(settings: StackSettings) -> Path:
+    return settings.home / "flink" / "lib"
+
+
+def fetch_jars(settings: StackSettings) -> list[Path]:
+    """The connector jars, resolved by Maven into ``<home>/flink/lib`` unless already there from this pom."""
+    lib = lib_dir(settings)
+    digest = hashlib.sha256(POM.read_bytes()).hexdigest()
+    stamp = lib / _STAMP
+    if not (stamp.is_file() and stamp.read_text().strip() == digest):
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise StackError("Maven is required to fetch the Flink connector jars: install it (apt-get install maven)")
+        staging = lib.with_name("lib.tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        pom = lib.parent / "pom.xml"
+        pom.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(POM, pom)
+        cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", "-DincludeScope=runtime",
+               f"-DoutputDirectory={staging}"]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if result.returncode != 0 or not any(staging.glob("flink-sql-connector-kafka-*.jar")):
+            shutil.rmtree(staging, ignore_errors=True)
+            raise StackError(f"maven could not resolve the flink jars ({' '.join(cmd)}):\n"
+                             f"{(result.stdout + result.stderr)[-3000:]}")
+        (staging / _STAMP).write_text(digest + "\n")
+        shutil.rmtree(lib, ignore_errors=True)
+        staging.rename(lib)
+        log.info("flink connector jars ready in %s", lib)
+    return sorted(lib.glob("*.jar"))
+
+
+def job_argv(settings: StackSettings, *, feature_set: str, dlq: str, group: str, source: str | None = None,
+             output: str | None = None, bounded: bool = False, online_project: str | None = None) -> list[str]:
+    """The command line of the PyFlink job against ``settings``'s stack (and its Redis when ``online_project``)."""
+    argv = [str(flink_python()), "-m", "streams.flink.job", "--bootstrap", settings.bootstrap_servers,
+            "--registry", settings.registry_url, "--dlq", dlq, "--group", group, "--feature-set", feature_set]
+    for jar in fetch_jars(settings):
+        argv += ["--jar", str(jar)]
+    if online_project:
+        argv += ["--redis", settings.redis_url, "--project", online_project]
+    for flag, value in (("--source", source), ("--output", output)):
+        if value:
+            argv += [flag, value]
+    return argv + (["--bounded"] if bounded else [])
+
+
+def job_env() -> dict[str, str]:
+    """The job's environment: the runtime's source on PYTHONPATH (the mini-cluster's Python workers inherit it)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def run_job(argv: list[str], timeout_s: float, log_path: Path) -> None:
+    """Run a bounded job to its end; StackError with the log's tail if it fails or overruns."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(argv, env=job_env(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            raise StackError(f"flink job did not finish in {timeout_s:.0f}s; log: {log_path}\n"
+                             f"{log_path.read_text(errors='replace')[-3000:]}") from None
+    if rc != 0:
+        raise StackError(f"flink job failed (exit {rc}); log: {log_path}\n{log_path.read_text(errors='replace')[-3000:]}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["jars"]:
+        raise SystemExit("usage: python -m streams.flink.launcher jars")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    jars = fetch_jars(StackSettings())
+    print("\n".join(str(j) for j in jars))
+
+
+if __name__ == "__main__":
+    main()

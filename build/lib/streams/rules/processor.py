@@ -1,0 +1,383 @@
+"""The rule processor (seed node 4): predictions and feature windows → explainable actions.
+
+Inputs: the prediction topic(s) and, for degradation, the feature-window topic (a topic whose
+schema has ``model_name`` carries predictions; any other carries feature windows). A decision is
+about one entity at one time: the declared ``entity_field`` and ``time_field`` of the records
+(``device_id`` and ``window_end`` in the reference app). Per micro-batch, at the level in effect:
+
+* **L0 / L1**: each prediction (or each fused group of predictions, see :mod:`streams.rules.fusion`)
+  is evaluated by the rules of that level with the entity's online features (Redis); at L1 the
+  ``expensive`` fusion members are not waited for;
+* **L2**: each feature window is evaluated by the L2 rules — features only, no model;
+* **L3**: each feature window yields the declared safe default.
+
+Of the matching rules of one action type, the highest-priority one fires; a cooldown per entity
+and action type (event time) and a per-window dedup hold back repeats. Every action names the
+rule, its inputs, the model versions, the rule-set version and the level in effect, with a
+deterministic ``event_id``. One entity window is decided on one path: a window decided without
+the model is not decided again by a late prediction, and the other way round.
+
+Live config (``ConfigSubscriber``): ``business-rule/<rule_set>`` replaces the topology's rules
+and ``feature-switch/degradation.level`` is the manual level; both apply at the next micro-batch
+(the processor polls every ``max_wait_ms``), without a restart. A whole batch is decided by one
+rule-set version.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import redis
+import rule_engine
+from confluent_kafka import TopicPartition
+from prometheus_client import Counter, Gauge
+
+from streams.avro import AvroCodec
+from streams.wire import WireFormatError
+from streams.context import BuildContext
+from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
+from streams.errors import TangramError, TopologyError
+from streams.features.layout import FeastLayout
+from streams.features import online_layout, read_online_features
+from streams.rules.degradation import GoldenSignals, LevelController
+from streams.rules.engine import CompiledRule, RuleBook, action_id
+from streams.rules.fusion import Fused, Fusion
+from streams.rules.spec import Level, RuleSpec, RuleSetValue, RulesSettings
+
+log = logging.getLogger("tangram.rules")
+
+FIRED = Counter("tangram_rules_fired_total", "Actions emitted per rule and level.", ["processor", "rule", "level"])
+SUPPRESSED = Counter("tangram_rules_suppressed_total", "Firings held back, by why (cooldown, duplicate, priority).",
+                     ["processor", "rule", "why"])
+UNEVALUABLE = Counter("tangram_rules_evaluation_errors_total", "Rules that could not be evaluated on a record.",
+                      ["processor", "rule"])
+RULE_SET_VERSION = Gauge("tangram_rules_rule_set_version", "Config version of the rule set in effect (0: the topology's).",
+                         ["processor"])
+RELOADS = Counter("tangram_rules_reloads_total", "Rule-set changes from the config center, by outcome.",
+                  ["processor", "outcome"])
+FUSIONS = Counter("tangram_rules_fusions_total", "Fused groups, by outcome (complete, partial, too_few).",
+                  ["processor", "outcome"])
+SKIPPED = Counter("tangram_rules_skipped_total", "Records not decided, by why (decided_other_path, late_member, level).",
+                  ["processor", "why"])
+
+_DECIDED_MAX = 200_000  # entity windows remembered for one-path-per-window
+
+
+class RuleProcessor(Processor):
+    """Predictions (+ feature windows) → ``Action`` records on the action topics."""
+
+    name = "rules"
+
+    def __init__(self, *, input_codecs: dict[str, AvroCodec], output_codecs: dict[str, AvroCodec], dlq_topic: str,
+                 redis_url: str, settings: RulesSettings, app: str, processor: str = "rules",
+                 bootstrap_servers: str | None = None, online: FeastLayout | None = None):
+        self.name = processor
+        self.input_codecs = input_codecs
+        self.prediction_topics = {t for t, c in input_codecs.items() if _has_field(c, "model_name")}
+        if not self.prediction_topics:
+            raise TopologyError(f"rule processor {processor!r}: no input carries predictions (a `model_name` field)")
+        self.output_codecs = output_codecs
+        self.dlq_topic = dlq_topic
+        self.settings = settings
+        self.entity, self.time = settings.entity_field, settings.time_field
+        self.app = app
+        self.bootstrap_servers = bootstrap_servers
+        try:
+            self.topics = settings.topics(list(output_codecs))  # action type or topic → topic
+            self.safe_topic = settings.safe_topic(list(output_codecs))
+        except TopologyError as exc:
+            raise TopologyError(f"rule processor {processor!r}: {exc}") from None
+        self.book = RuleBook.build(settings.rules, "topology", 0, self.topics)
+        spec = settings.degradation
+        self.rule_set_key = settings.rule_set or f"{app}.{processor}"
+        self.redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+        # the features processor's rows in Feast's Redis layout (its feature set, its Feast project); None: no reads
+        self.features_layout = online
+        self.signals = GoldenSignals(spec)
+        self.levels = LevelController(spec, processor, settings.degradation_level)
+        self.fusion = Fusion(settings.fusion, lambda p: (p[self.entity], p[self.time])) if settings.fusion else None
+        self._last_fired: dict[tuple[str, str], int] = {}  # (entity, action) → time of the last firing
+        self._fired_windows: dict[tuple[str, str], int] = {}  # (entity, rule) → time it last fired on
+        self._decided: OrderedDict[tuple[str, int], bool] = OrderedDict()  # entity window → decided by the model?
+        self._lock = threading.Lock()
+        self._next_book: RuleBook | None = None
+        self._next_manual: Level | None = None
+        self.config = None
+        self._rule_value: Any = None  # the config center's value of the rule set now in effect
+        RULE_SET_VERSION.labels(processor).set(0)
+
+    @classmethod
+    def build(cls, ctx: BuildContext) -> RuleProcessor:
+        settings = ctx.settings(RulesSettings)
+        online = online_layout(ctx.topology, settings.features_from) if settings.features_from else None
+        return cls(input_codecs={t: ctx.codec(t) for t in ctx.spec.inputs},
+                   output_codecs={t: ctx.codec(t) for t in ctx.spec.outputs}, dlq_topic=ctx.dlq,
+                   redis_url=ctx.stack.redis_url, settings=settings,
+                   app=ctx.topology.app, processor=ctx.name, bootstrap_servers=ctx.stack.bootstrap_servers,
+                   online=online)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def setup(self) -> None:
+        self.redis.ping()
+        if self.settings.live_config and self.bootstrap_servers:
+            from streams.config_center import ConfigSubscriber
+            from streams.statelog import StateTopic
+
+            StateTopic(self.bootstrap_servers, self.settings.config_topic).ensure()  # a fresh stack has none yet
+            self.config = ConfigSubscriber(self.bootstrap_servers, self.settings.config_topic, name=self.name,
+                                           namespaces=["business-rule", "feature-switch"])
+            self.config.on_change(lambda applied: self._on_config(applied.version))
+            self.config.start()
+            self._on_config(self.config.version)
+            self._refresh()
+        log.info("%s: rule set %s (%d rules), level %s", self.name, self.book.source, len(self.book.rules),
+                 self.levels.level)
+
+    def close(self) -> None:
+        if self.config is not None:
+            self.config.stop()
+        self.redis.close()
+
+    def committable(self, partition: TopicPartition) -> int | None:
+        return self.fusion.committable(partition.topic, partition.partition) if self.fusion else None
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None:
+        if self.fusion:
+            self.fusion.drop({(p.topic, p.partition) for p in partitions})
+
+    @property
+    def level(self) -> Level:
+        return self.levels.level
+
+    # -- live config -------------------------------------------------------------------
+    def _on_config(self, version: int) -> None:
+        """In the subscriber's thread: prepare the new rule book and manual level; swapped in at the next batch."""
+        assert self.config is not None
+        value = self.config.get("business-rule", self.rule_set_key)
+        manual = self.config.get("feature-switch", self.settings.degradation.switch, self.settings.degradation_level)
+        book = None
+        if value != self._rule_value:
+            changes = self.config.state.changes_of("business-rule", self.rule_set_key)
+            last = changes[-1] if changes else None
+            at = last.version if last else version
+            try:
+                if value is not None:
+                    book = RuleBook.build(RuleSetValue.model_validate(value).rules, f"config v{at}", at, self.topics)
+                else:  # the override was deleted: back to the topology's rules
+                    book = RuleBook.build(self.settings.rules, "topology", 0, self.topics)
+                self._rule_value = value
+                if last is not None:
+                    log.info("%s: business-rule/%s changed in config v%d by %s at %d (%s)", self.name,
+                             self.rule_set_key, at, last.change.author, last.change.at_ms, last.change.reason or "no reason")
+            except (TangramError, ValueError) as exc:
+                RELOADS.labels(self.name, "refused").inc()
+                log.error("%s: rule set business-rule/%s of config v%d refused, keeping %s: %s", self.name,
+                          self.rule_set_key, at, self.book.source, exc)
+        with self._lock:
+            if book is not None:
+                self._next_book = book
+            self._next_manual = manual
+
+    def _refresh(self) -> None:
+        with self._lock:
+            book, manual = self._next_book, self._next_manual
+            self._next_book = self._next_manual = None
+        if book is not None:
+            log.info("%s: rule set %s → %s (%d rules)", self.name, self.book.source, book.source, len(book.rules))
+            self.book = book
+            RELOADS.labels(self.name, "applied").inc()
+            RULE_SET_VERSION.labels(self.name).set(book.version)
+        if manual is not None and manual != self.levels.manual:
+            self.levels.set_manual(manual)
+
+    # -- the hot path ------------------------------------------------------------------
+    def process(self, batch: list[Record]) -> list[Output]:
+        self._refresh()
+        outputs: list[Output] = []
+        predictions: list[tuple[Record, dict]] = []
+        windows: list[tuple[Record, dict]] = []
+        for record in batch:
+            try:
+                value = self.input_codecs[record.topic].decode(record.value)
+            except (WireFormatError, ValueError, EOFError, KeyError, TypeError) as exc:
+                outputs.append(dead_letter(record, self.dlq_topic, self.name, exc, "undecodable"))
+                continue
+            if record.topic in self.prediction_topics:
+                predictions.append((record, value))
+                self.signals.prediction(value[self.entity], value[self.time], value.get("inference_ms", 0.0))
+            else:
+                windows.append((record, value))
+                self.signals.window(value[self.entity], value[self.time])
+        level = self.levels.update(self.signals.values())
+        if level in ("L0", "L1"):
+            outputs += self._decide_predictions(predictions, level)
+        else:
+            if predictions:
+                SKIPPED.labels(self.name, "level").inc(len(predictions))
+            outputs += self._decide_windows(windows, level)
+        outputs += self._expire(level)
+        return outputs
+
+    def idle(self) -> list[Output]:
+        self._refresh()
+        return self._expire(self.levels.update(self.signals.values()))
+
+    def _expire(self, level: Level) -> list[Output]:
+        if self.fusion is None or not self.fusion.groups:
+            return []
+        fused = self.fusion.expire(cheap_only=level != "L0")
+        if level not in ("L0", "L1"):
+            SKIPPED.labels(self.name, "level").inc(len(fused))
+            return []
+        return self._decide_fused(fused, level)
+
+    def _decide_predictions(self, predictions: list[tuple[Record, dict]], level: Level) -> list[Output]:
+        if self.fusion is not None:
+            fused: list[Fused] = []
+            for record, prediction in predictions:
+                if self._seen_other_path((prediction[self.entity], prediction[self.time]), by_model=True):
+                    continue
+                fused += self.fusion.add(record, prediction, cheap_only=level != "L0")
+            return self._decide_fused(fused, level)
+        todo = [(r, p) for r, p in predictions
+                if not self._seen_other_path((p[self.entity], p[self.time]), by_model=True)]
+        return self._evaluate([(r, p, ()) for r, p in todo], level, with_online=True)
+
+    def _decide_fused(self, fused: list[Fused], level: Level) -> list[Output]:
+        items = []
+        for f in fused:
+            if not f.prediction:
+                FUSIONS.labels(self.name, "too_few").inc()
+                log.warning("%s: fusion of %s@%s had too few members (missing %s)", self.name,
+                            f.records[0].key if f.records else "?", f.records[0].where if f.records else "?",
+                            ", ".join(f.missing))
+                continue
+            FUSIONS.labels(self.name, "partial" if f.missing else "complete").inc()
+            items.append((f.records[0], f.prediction, f.missing))
+        return self._evaluate(items, level, with_online=True)
+
+    def _decide_windows(self, windows: list[tuple[Record, dict]], level: Level) -> list[Output]:
+        todo = [(r, w) for r, w in windows if not self._seen_other_path((w[self.entity], w[self.time]), by_model=False)]
+        if level == "L3":
+            return [o for r, w in todo if (o := self._safe_default(r, w)) is not None]
+        return self._evaluate([(r, w, ()) for r, w in todo], level, with_online=False)
+
+    def _seen_other_path(self, key: tuple[str, int], by_model: bool) -> bool:
+        """Remember how ``key`` is decided; True if it was already decided on the other path."""
+        before = self._decided.get(key)
+        if before is not None and before != by_model:
+            SKIPPED.labels(self.name, "decided_other_path").inc()
+            return True
+        self._decided[key] = by_model
+        if len(self._decided) > _DECIDED_MAX:
+            self._decided.popitem(last=False)
+        return False
+
+    def _evaluate(self, items: list[tuple[Record, dict, tuple[str, ...]]], level: Level,
+                  with_online: bool) -> list[Output]:
+        if not items:
+            return []
+        rules = self.book.at(level)
+        online: list[dict] = [{}] * len(items)
+        if with_online and rules and self.features_layout is not None:
+            entities = list(dict.fromkeys(v[self.entity] for _, v, _ in items))  # one read per entity and batch
+            by_entity = dict(zip(entities, read_online_features(self.redis, entities, self.features_layout)))
+            online = [by_entity[v[self.entity]] for _, v, _ in items]
+        outputs = []
+        # every symbol a rule reads is present (null when unknown): rule-engine's slow path for an
+        # unknown symbol computes spelling suggestions before it falls back to null
+        blank = dict.fromkeys((s for r in rules for s in r.symbols), None)
+        for (record, value, missing), features in zip(items, online):
+            context = {**blank, **features, **value}
+            fired_types: set[str] = set()
+            for rule in rules:
+                try:
+                    matched = rule.matches(context)
+                except rule_engine.EngineError:
+                    UNEVALUABLE.labels(self.name, rule.spec.name).inc()
+                    continue
+                if not matched:
+                    continue
+                if rule.spec.action in fired_types:
+                    SUPPRESSED.labels(self.name, rule.spec.name, "priority").inc()
+                    continue
+                fired_types.add(rule.spec.action)
+                if (out := self._fire(rule, record, value, context, level, missing)) is not None:
+                    outputs.append(out)
+        return outputs
+
+    def _held_back(self, name: str, action: str, entity: str, end: int, cooldown_ms: int) -> bool:
+        if self._fired_windows.get((entity, name)) == end:
+            SUPPRESSED.labels(self.name, name, "duplicate").inc()
+            return True
+        last = self._last_fired.get((entity, action))
+        if last is not None and 0 <= end - last < cooldown_ms:
+            SUPPRESSED.labels(self.name, name, "cooldown").inc()
+            return True
+        self._last_fired[(entity, action)] = end
+        self._fired_windows[(entity, name)] = end
+        return False
+
+    def _fire(self, rule: CompiledRule, record: Record, value: dict, context: dict, level: Level,
+              missing: tuple[str, ...]) -> Output | None:
+        spec, entity, end = rule.spec, value[self.entity], value[self.time]
+        cooldown = self.settings.cooldown_ms if spec.cooldown_s is None else int(spec.cooldown_s * 1000)
+        if self._held_back(spec.name, spec.action, entity, end, cooldown):
+            return None
+        inputs = {s: float(context[s]) for s in rule.symbols
+                  if isinstance(context.get(s), (int, float)) and not isinstance(context.get(s), bool)}
+        shown = ", ".join(f"{s}={context[s]:.4g}" if isinstance(context[s], float) else f"{s}={context[s]!r}"
+                          for s in rule.symbols if s in context)
+        reason = f"{spec.when} with {shown}"
+        if "model_versions" in value and len(value["model_versions"]) > 1 or missing:
+            method = self.settings.fusion.method if self.settings.fusion else ""
+            reason += f" (fused {method} of {value['model_name']}" + (
+                f"; missing {', '.join(missing)} after {self.settings.fusion.wait_ms} ms)" if missing else ")")
+        if level == "L2":
+            reason += " (degradation L2: features only, no model)"
+        return self._action(spec.name, spec.action, rule.topic, record, value, reason, inputs, level, missing)
+
+    def _safe_default(self, record: Record, window: dict) -> Output | None:
+        safe = self.settings.degradation.safe_default
+        assert safe is not None and self.safe_topic is not None
+        if self._held_back("safe_default", safe.action, window[self.entity], window[self.time],
+                           self.settings.cooldown_ms):
+            return None
+        return self._action("safe_default", safe.action, self.safe_topic, record, window, safe.reason, {}, "L3", ())
+
+    def _action(self, rule: str, action_type: str, topic: str, record: Record, value: dict, reason: str,
+                inputs: dict[str, float], level: Level, missing: tuple[str, ...]) -> Output:
+        entity, end = value[self.entity], value[self.time]
+        has_model = "model_name" in value
+        action: dict[str, Any] = {
+            "event_id": action_id(rule, entity, end),
+            "action_type": action_type,
+            self.entity: entity,
+            "rule": rule,
+            "reason": reason,
+            "inputs": inputs,
+            "label": value.get("label", "") if has_model else "",
+            "score": float(value.get("score", 0.0)) if has_model else 0.0,
+            "model_name": value.get("model_name", ""),
+            "model_version": value.get("model_version", ""),
+            "model_versions": value.get("model_versions") or (
+                {value["model_name"]: value["model_version"]} if has_model else {}),
+            "missing_models": list(missing),
+            "rule_set": self.book.source if rule != "safe_default" else "degradation.safe_default",
+            self.time: end,
+            "degradation_level": level,
+            "trace_id": value.get("trace_id") or record.header(H_TRACE_ID),
+        }
+        FIRED.labels(self.name, rule, level).inc()
+        headers = carry_headers(record, **{H_EVENT_ID: action["event_id"]})
+        return Output(topic, entity, self.output_codecs[topic].encode(action), headers)
+
+
+def _has_field(codec: AvroCodec, name: str) -> bool:
+    return any(f.get("name") == name for f in codec.schema_json.get("fields", []))
+
+
+__all__ = ["RuleProcessor", "RuleSpec"]

@@ -1,0 +1,169 @@
+"""The four components of the local stack, in dependency order.
+
+Kafka first (the registry stores its schemas in a Kafka topic), then the schema registry,
+Redis (the online feature store) and Triton (model serving). Each is a
+:class:`~streams.stack.process.ManagedProcess` with its command line, ports, readiness probe,
+log file (``<home>/logs/<name>.log``) and pid file (``<home>/run/<name>.pid``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import urllib.request
+from functools import partial
+from pathlib import Path
+
+import inference_workers
+from streams.errors import StackError
+from streams.settings import StackSettings
+from streams.stack import kafka
+from streams.stack.process import ManagedProcess, port_open
+
+log = logging.getLogger("tangram.stack")
+
+NAMES = ("kafka", "registry", "redis", "triton")
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2.0) as resp:  # noqa: S310 - local http only
+        return resp.status == 200
+
+
+def _kafka_ready(settings: StackSettings) -> bool:
+    if not port_open(settings.host, settings.kafka_port):
+        return False  # spare librdkafka's connection-refused noise while the JVM starts
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers,
+                         "logger": logging.getLogger("tangram.stack.kafka-probe")})
+    admin.list_topics(timeout=3.0)
+    return True
+
+
+def _redis_ready(settings: StackSettings) -> bool:
+    import redis
+
+    client = redis.Redis(host=settings.host, port=settings.redis_port, socket_timeout=1.0,
+                         socket_connect_timeout=1.0)
+    try:
+        return bool(client.ping())
+    finally:
+        client.close()
+
+
+def _need_python(python: Path, what: str) -> None:
+    if not python.exists():
+        raise StackError(f"the {what} interpreter {python} is missing: run `make setup`")
+
+
+def _prepare_registry(settings: StackSettings) -> None:
+    _need_python(settings.app_python, "application")
+
+
+def _redis_server() -> str:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise StackError("redis-server is required: install it (apt-get install redis-server, or `make setup`)")
+    return exe
+
+
+def _prepare_redis(settings: StackSettings) -> None:
+    _redis_server()
+    (settings.home / "redis").mkdir(parents=True, exist_ok=True)
+
+
+#: The model server, run as a script by the model-server environment's interpreter: that environment
+#: (numpy<2) must not see the application's packages, so the script imports nothing of them.
+TRITON_SERVER = Path(inference_workers.__file__).with_name("triton_server.py")
+
+
+def _prepare_triton(settings: StackSettings) -> None:
+    _need_python(settings.triton_python, "Triton")
+    settings.model_repository.mkdir(parents=True, exist_ok=True)  # apps' models arrive with `tangram apply`
+
+
+def _triton_env(settings: StackSettings) -> dict[str, str]:
+    """LD_LIBRARY_PATH to the Triton interpreter's own libpython.
+
+    PyTriton's Python-backend stub links ``libpython3.11.so``; without this it may load the
+    system's and fail.
+    """
+    env: dict[str, str] = {}
+    if settings.triton_python.exists():
+        libdir = subprocess.run(
+            [str(settings.triton_python), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
+            capture_output=True, text=True,
+        ).stdout.strip()
+        if libdir:
+            env["LD_LIBRARY_PATH"] = ":".join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH", "")) if p)
+    return env
+
+
+def build(settings: StackSettings) -> list[ManagedProcess]:
+    """The components of ``settings``'s stack, in start order."""
+    h, logs, run = settings.host, settings.logs_dir, settings.home / "run"
+
+    def files(name: str) -> dict[str, Path]:
+        return {"log_path": logs / f"{name}.log", "pid_path": run / f"{name}.pid"}
+
+    return [
+        ManagedProcess(
+            name="kafka",
+            argv=partial(kafka.argv, settings),
+            marker="kafka.Kafka",
+            host=h,
+            ports={"broker": settings.kafka_port, "controller": settings.kafka_controller_port},
+            address=f"{settings.bootstrap_servers} (controller :{settings.kafka_controller_port})",
+            probe=partial(_kafka_ready, settings),
+            prepare=partial(kafka.prepare, settings),
+            stop_timeout_s=30.0,
+            **files("kafka"),
+        ),
+        ManagedProcess(
+            name="registry",
+            argv=lambda: [str(settings.app_python), "-m", "streams.registry", "--host", h,
+                          "--port", str(settings.registry_port), "--bootstrap", settings.bootstrap_servers],
+            marker="streams.registry",
+            host=h,
+            ports={"http": settings.registry_port},
+            address=settings.registry_url,
+            probe=partial(_http_ok, f"{settings.registry_url}/subjects"),
+            prepare=partial(_prepare_registry, settings),
+            **files("registry"),
+        ),
+        ManagedProcess(
+            name="redis",
+            argv=lambda: [_redis_server(), "--bind", h, "--port", str(settings.redis_port),
+                          "--dir", str(settings.home / "redis"), "--appendonly", "yes",
+                          "--daemonize", "no", "--logfile", "", "--protected-mode", "yes"],
+            marker="redis-server",
+            host=h,
+            ports={"redis": settings.redis_port},
+            address=settings.redis_url,
+            probe=partial(_redis_ready, settings),
+            prepare=partial(_prepare_redis, settings),
+            **files("redis"),
+        ),
+        ManagedProcess(
+            name="triton",
+            argv=lambda: [str(settings.triton_python), str(TRITON_SERVER),
+                          "--model-repository", str(settings.model_repository), "--host", h,
+                          "--http-port", str(settings.triton_http_port),
+                          "--grpc-port", str(settings.triton_grpc_port),
+                          "--metrics-port", str(settings.triton_metrics_port)],
+            marker=str(TRITON_SERVER),
+            host=h,
+            ports={"http": settings.triton_http_port, "grpc": settings.triton_grpc_port,
+                   "metrics": settings.triton_metrics_port},
+            address=f"http://{settings.triton_http_url} (grpc :{settings.triton_grpc_port}, "
+                    f"metrics :{settings.triton_metrics_port})",
+            probe=partial(_http_ok, f"http://{settings.triton_http_url}/v2/health/ready"),
+            prepare=partial(_prepare_triton, settings),
+            env=partial(_triton_env, settings),
+            stop_timeout_s=20.0,
+            **files("triton"),
+        ),
+    ]

@@ -1,0 +1,186 @@
+"""Kafka of the local stack: jars from Maven Central, KRaft configuration, storage format.
+
+The broker is Apache Kafka 4.x from Maven Central (``streams/stack/maven/kafka-pom.xml``), run as one
+process in KRaft combined mode (broker and controller, ``node.id=1``) with
+``java -cp '<home>/kafka/libs/*' kafka.Kafka server.properties``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from streams.errors import StackError
+from streams.settings import StackSettings
+
+log = logging.getLogger("tangram.stack")
+
+#: Package data, copied next to the jars before Maven runs (Maven writes ``target/`` beside its pom).
+POM = Path(__file__).with_name("maven") / "kafka-pom.xml"
+JVM_OPTS = [
+    "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+    "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+]
+_STAMP = ".pom.sha256"
+
+LOG4J2 = """\
+status = warn
+shutdownHook = disable
+appender.stdout.type = Console
+appender.stdout.name = STDOUT
+appender.stdout.layout.type = PatternLayout
+appender.stdout.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.state.name = state.change.logger
+logger.state.level = WARN
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+"""
+
+
+def libs_dir(settings: StackSettings) -> Path:
+    return settings.home / "kafka" / "libs"
+
+
+def config_dir(settings: StackSettings) -> Path:
+    return settings.home / "kafka" / "config"
+
+
+def data_dir(settings: StackSettings) -> Path:
+    return settings.home / "kafka" / "data"
+
+
+def java() -> str:
+    """The ``java`` executable, or a StackError saying how to install it."""
+    exe = shutil.which("java")
+    if exe is None:
+        raise StackError("Java 17+ is required to run Kafka: install it (apt-get install openjdk-17-jre-headless)")
+    return exe
+
+
+def _pom_digest() -> str:
+    return hashlib.sha256(POM.read_bytes()).hexdigest()
+
+
+def jars_current(settings: StackSettings) -> bool:
+    """True when the jars in ``<home>/kafka/libs`` were resolved from the current pom."""
+    stamp = libs_dir(settings) / _STAMP
+    return stamp.is_file() and stamp.read_text().strip() == _pom_digest()
+
+
+def fetch_jars(settings: StackSettings) -> Path:
+    """Resolve Kafka and its runtime dependencies with Maven into ``<home>/kafka/libs``.
+
+    Skipped when the jars there come from the same pom. Maven caches in ``~/.m2``, so a
+    second resolution (e.g. for another TANGRAM_HOME) is fast and works offline.
+    """
+    libs = libs_dir(settings)
+    if jars_current(settings):
+        log.info("kafka jars are up to date in %s", libs)
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise StackError("Maven is required to fetch the Kafka jars: install it (apt-get install maven)")
+    staging = libs.with_name("libs.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    log.info("resolving kafka jars from %s with maven into %s", POM, libs)
+    pom = libs.parent / "pom.xml"
+    pom.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(POM, pom)
+    cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+           "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
+        shutil.rmtree(staging, ignore_errors=True)
+        raise StackError(f"maven could not resolve the kafka jars ({' '.join(cmd)}):\n"
+                         f"{(result.stdout + result.stderr)[-3000:]}")
+    (staging / _STAMP).write_text(_pom_digest() + "\n")
+    shutil.rmtree(libs, ignore_errors=True)
+    staging.rename(libs)
+    log.info("kafka jars ready: %d jars in %s", len(list(libs.glob("*.jar"))), libs)
+    return libs
+
+
+def server_properties(settings: StackSettings) -> str:
+    """The KRaft combined-mode configuration of the single local node."""
+    h = settings.host
+    return "\n".join([
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@{h}:{settings.kafka_controller_port}",
+        f"listeners=PLAINTEXT://{h}:{settings.kafka_port},CONTROLLER://{h}:{settings.kafka_controller_port}",
+        f"advertised.listeners=PLAINTEXT://{h}:{settings.kafka_port}",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=PLAINTEXT",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        f"log.dirs={data_dir(settings)}",
+        "num.partitions=1",
+        "auto.create.topics.enable=false",
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=10",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "transaction.state.log.num.partitions=10",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
+        "num.network.threads=2",
+        "num.io.threads=4",
+        "log.retention.hours=168",
+        "",
+    ])
+
+
+def _cluster_id() -> str:
+    """A random Kafka cluster id: 16 bytes, URL-safe base64 without padding.
+
+    Like Kafka's ``Uuid.randomUuid`` it never starts with '-', which a command line would
+    take for an option.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+def prepare(settings: StackSettings) -> None:
+    """Check java and the jars, write the configuration, format storage on first start."""
+    exe = java()
+    if not jars_current(settings):
+        fetch_jars(settings)
+    config_dir(settings).mkdir(parents=True, exist_ok=True)
+    (config_dir(settings) / "server.properties").write_text(server_properties(settings))
+    (config_dir(settings) / "log4j2.properties").write_text(LOG4J2)
+    if (data_dir(settings) / "meta.properties").exists():
+        return
+    cluster_id = _cluster_id()
+    log.info("kafka: formatting storage in %s (cluster id %s)", data_dir(settings), cluster_id)
+    cmd = [exe, *_jvm_common(settings), "kafka.tools.StorageTool", "format", "--ignore-formatted",
+           f"--cluster-id={cluster_id}", "--config", str(config_dir(settings) / "server.properties")]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise StackError(f"kafka storage format failed:\n{(result.stdout + result.stderr)[-3000:]}")
+
+
+def _jvm_common(settings: StackSettings) -> list[str]:
+    return [
+        "-Xmx256m",
+        f"-Dlog4j2.configurationFile={config_dir(settings) / 'log4j2.properties'}",
+        "-cp", f"{libs_dir(settings)}/*",
+    ]
+
+
+def argv(settings: StackSettings) -> list[str]:
+    """The broker's command line."""
+    return [
+        java(), *JVM_OPTS,
+        f"-Dlog4j2.configurationFile={config_dir(settings) / 'log4j2.properties'}",
+        "-cp", f"{libs_dir(settings)}/*",
+        "kafka.Kafka", str(config_dir(settings) / "server.properties"),
+    ]

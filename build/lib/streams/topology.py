@@ -1,0 +1,311 @@
+"""Topologies: the declarative, executable description of an application.
+
+An application is a folder (``topologies/predictive_maintenance/``) whose ``topology.yaml``
+declares the topics (partitions, retention, compaction, their Avro subject), the processors
+with their inputs and outputs and constraints, and where the app's other declarations are:
+its Avro schemas (``schemas:``), its Triton model repository (``models:``), its feature sets
+(in processor ``params``) and its optional plugin code (a simulator, custom stages), all as
+paths relative to the app folder. The runtime imports no application: plugin code is
+imported from the app folder by ``module:attr`` references (:meth:`Topology.load_object`).
+
+``tangram plan`` / ``tangram apply`` make the broker, the schema registry and the model
+server match it; ``tangram run APP NAME`` runs one processor of it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from streams.errors import TopologyError
+from streams.yamlfile import load_model
+
+#: The file that makes a folder an application: ``tangram apply topologies/predictive_maintenance``.
+TOPOLOGY_FILE = "topology.yaml"
+
+
+class Kind:
+    """The ``kind`` of the runtime's own processors, for the tools that find them by role (replay, trace, verify)."""
+
+    INGEST = "streams.ingest:IngestValidator"
+    FEATURES = "streams.features:WindowFeatures"
+    INFERENCE = "inference_workers.worker:InferenceWorker"
+    RULES = "streams.rules:RuleProcessor"
+    DRIFT = "streams.monitor:DriftMonitor"
+    CANARY = "streams.lifecycle.canary_job:CanaryJob"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Defaults(_Model):
+    partitions: int = Field(3, ge=1)
+    replication_factor: int = Field(1, ge=1)
+
+
+class DataConstraints(_Model):
+    """The seeds' data constraints of a topic: how records arrive and what happens at the peak."""
+
+    protocol: Literal["kafka", "http", "mqtt"] = Field("kafka", description="How producers reach this topic.")
+    baseline_rate: float | None = Field(None, gt=0, description="Expected events/s in normal operation.")
+    peak_rate: float | None = Field(None, gt=0, description="Events/s at the declared peak.")
+    peak_duration_s: float | None = Field(None, gt=0, description="How long the peak lasts.")
+    drop_policy: Literal["never", "dlq"] = Field(
+        "never", description="`never`: backpressure, nothing dropped; `dlq`: excess goes to the dead-letter topic.")
+
+    @model_validator(mode="after")
+    def _peak_above_baseline(self) -> "DataConstraints":
+        if self.baseline_rate and self.peak_rate and self.peak_rate < self.baseline_rate:
+            raise ValueError(f"peak_rate {self.peak_rate} is below baseline_rate {self.baseline_rate}")
+        return self
+
+
+class TopicSpec(_Model):
+    """One Kafka topic. ``schema`` names an Avro subject with a file in ``schemas/avro/``."""
+
+    partitions: int | None = Field(None, ge=1, description="Defaults to the topology's default.")
+    replication_factor: int | None = Field(None, ge=1)
+    retention_ms: int | None = Field(None, ge=-1, description="-1 keeps forever.")
+    cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
+    format: Literal["avro", "json", "bytes"] = "avro"
+    schema_: str | None = Field(None, alias="schema", description="Avro subject of the value.")
+    description: str = ""
+    data: DataConstraints | None = Field(None, description="Rates and drop policy (data constraints).")
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _avro_needs_schema(self) -> "TopicSpec":
+        if self.format == "avro" and not self.schema_:
+            raise ValueError("an avro topic needs `schema: <subject>`")
+        if self.format != "avro" and self.schema_:
+            raise ValueError(f"a {self.format} topic carries no Avro schema")
+        return self
+
+    def configs(self) -> dict[str, str]:
+        """The topic-level Kafka configs this spec pins."""
+        out = {"cleanup.policy": self.cleanup_policy}
+        if self.retention_ms is not None:
+            out["retention.ms"] = str(self.retention_ms)
+        return out
+
+
+class CircuitBreaker(_Model):
+    failures: int = Field(5, ge=1, description="Consecutive failures that open the breaker.")
+    reset_s: float = Field(30.0, gt=0, description="How long it stays open before one trial call.")
+
+
+class ExternalCall(_Model):
+    """A call a processor makes outside Kafka, with its deadline and what happens when it fails."""
+
+    service: Literal["triton", "redis", "registry", "http"]
+    timeout_ms: int = Field(ge=1, le=300_000, description="Deadline of one call.")
+    retries: int = Field(0, ge=0, le=100, description="Retries after the first try.")
+    fallback: str | None = Field(None, description="What the processor does instead (e.g. `rules-only`), or none.")
+    circuit_breaker: CircuitBreaker | None = None
+
+
+class ComputeConstraints(_Model):
+    device: Literal["cpu", "gpu", "any"] = Field("any", description="Where the work runs.")
+    target_utilization: float = Field(0.7, gt=0, le=1, description="Planned busy share at the baseline rate.")
+    max_rate_per_replica: float | None = Field(None, gt=0, description="Measured records/s one replica sustains.")
+
+
+class StateConstraints(_Model):
+    models_per_server: int | None = Field(None, ge=1, description="Model versions loaded side by side.")
+    hot_reload: bool = Field(False, description="Config and models change without a restart.")
+    ttl_s: int | None = Field(None, ge=1, description="Lifetime of state kept outside Kafka (online store).")
+
+
+class EvolutionConstraints(_Model):
+    routing: Literal["single", "canary", "shadow"] = "single"
+    canary_share: float = Field(0.0, ge=0, le=1, description="Share of keys scored by the challenger.")
+    rollback_rto_s: float | None = Field(None, gt=0, description="Promised time to serve the previous version again.")
+
+
+class ProcessorSpec(_Model):
+    """One stream processor: a class (``module:Class``) consuming ``inputs``, producing ``outputs``."""
+
+    kind: str = Field(description="`package.module:Class` implementing streams.delivery.Processor.")
+    inputs: list[str] = Field(min_length=1)
+    outputs: list[str] = Field(default_factory=list)
+    dlq: str | None = None
+    group: str | None = Field(None, description="Consumer group; defaults to `<app>.<processor>`.")
+    batch_size: int = Field(500, ge=1, le=100_000, description="Most records per micro-batch.")
+    max_wait_ms: int = Field(100, ge=1, le=60_000, description="Longest wait to fill a micro-batch.")
+    exactly_once: bool = Field(False, description="Kafka transactions instead of at-least-once.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Validated by the processor's own settings model.")
+    replicas: int = Field(1, ge=1, description="Consumer-group members to run (docker compose --scale).")
+    compute: ComputeConstraints = ComputeConstraints()
+    state: StateConstraints = StateConstraints()
+    calls: list[ExternalCall] = Field(default_factory=list, description="Every call outside Kafka, with its deadline.")
+    evolution: EvolutionConstraints = EvolutionConstraints()
+
+
+class Sla(_Model):
+    """The end-to-end promise: from a record entering ``source`` to its consequence on ``sink``."""
+
+    source: str
+    sink: str
+    p99_ms: float = Field(gt=0, description="99th percentile of source-to-sink latency.")
+    recovery_s: float = Field(30.0, gt=0, description="Longest pause of the chain when a processor dies and is restarted.")
+
+
+class GatewaySpec(_Model):
+    """A stream producers reach over HTTP (``POST /v1/streams/<name>/events``) or MQTT.
+
+    It shares the contract of an ingest processor: that processor's ``params`` (ranges, limits,
+    timestamps), its output topic (Avro) and its DLQ; ``params`` here override some for the gateway.
+    """
+
+    processor: str = Field(description="The ingest processor whose rules, output topic and DLQ this stream shares.")
+    mqtt_topics: list[str] = Field(default_factory=list, description="MQTT topic filters the MQTT adapter subscribes to.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Overrides of the processor's params (e.g. `rate_limits`).")
+
+
+class ModelsSpec(_Model):
+    """The app's Triton model repository and how its artifacts are made."""
+
+    repository: str = Field("model_repository", description="Folder of the app's models (`<model>/config.pbtxt`, "
+                                                             "`<model>/<version>/...`), relative to the app folder.")
+    build: str | None = Field(None, description="`module:function` of the app's plugin code that writes the model "
+                                                "artifacts into a repository folder (`tangram models build`).")
+
+
+class SimulatorSpec(_Model):
+    """The app's simulator: events with ground truth that the demo, verify and benchmarks drive it with."""
+
+    kind: str = Field(description="`module:Class` of the app's plugin code, a streams.simulation.Simulator.")
+    source: str = Field(description="The topic the simulated producers write to.")
+    truth: str | None = Field(None, description="Topic the simulator writes its ground truth to, if any.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Validated by the simulator's own settings.")
+
+
+class Topology(_Model):
+    app: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    description: str = ""
+    root: Path | None = Field(None, description="The app folder every relative path resolves against; "
+                                                "default: the folder of the topology file.")
+    schemas: str = Field("schemas", description="Folder of the app's Avro schemas (`<subject>.avsc`), "
+                                                "relative to the app folder.")
+    models: ModelsSpec = ModelsSpec()
+    simulator: SimulatorSpec | None = None
+    defaults: Defaults = Defaults()
+    sla: Sla | None = None
+    topics: dict[str, TopicSpec]
+    processors: dict[str, ProcessorSpec] = Field(default_factory=dict)
+    gateways: dict[str, GatewaySpec] = Field(default_factory=dict, description="Stream name → HTTP/MQTT ingest stream.")
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> "Topology":
+        for name, proc in self.processors.items():
+            for topic in [*proc.inputs, *proc.outputs, *([proc.dlq] if proc.dlq else [])]:
+                if topic not in self.topics:
+                    raise ValueError(f"processor {name!r} uses topic {topic!r}, which is not declared under `topics`")
+        if self.sla:
+            for end in (self.sla.source, self.sla.sink):
+                if end not in self.topics:
+                    raise ValueError(f"sla names topic {end!r}, which is not declared under `topics`")
+        for stream, gateway in self.gateways.items():
+            proc = self.processors.get(gateway.processor)
+            if proc is None:
+                raise ValueError(f"gateway {stream!r} names processor {gateway.processor!r}, which is not declared")
+            if len(proc.outputs) != 1 or not proc.dlq or not self.topics[proc.outputs[0]].schema_:
+                raise ValueError(f"gateway {stream!r}: processor {gateway.processor!r} needs one Avro output and a `dlq:`")
+        for topic, spec in self.topics.items():
+            if spec.schema_ and not self.schema_path(spec.schema_).is_file():
+                raise ValueError(f"topic {topic!r}: no schema file {self.schema_path(spec.schema_)}")
+        if self.simulator:
+            for topic in (self.simulator.source, self.simulator.truth):
+                if topic and topic not in self.topics:
+                    raise ValueError(f"simulator names topic {topic!r}, which is not declared under `topics`")
+        return self
+
+    # -- the app folder ----------------------------------------------------------------
+    @property
+    def folder(self) -> Path:
+        """The app folder (``root``, else the working directory for a topology built in code)."""
+        return self.root or Path.cwd()
+
+    def path(self, relative: str | Path) -> Path:
+        """``relative`` resolved against the app folder (an absolute path stays as it is)."""
+        return (self.folder / relative).resolve()
+
+    @property
+    def schema_dir(self) -> Path:
+        return self.path(self.schemas)
+
+    @property
+    def model_repository(self) -> Path:
+        return self.path(self.models.repository)
+
+    def schema_path(self, subject: str) -> Path:
+        return self.schema_dir / f"{subject}.avsc"
+
+    def schema(self, subject: str) -> dict:
+        """The parsed JSON of the app's ``<subject>.avsc``."""
+        try:
+            return json.loads(self.schema_path(subject).read_text())
+        except (OSError, ValueError) as exc:
+            raise TopologyError(f"schema {subject!r} of app {self.app!r}: {exc}") from exc
+
+    def load_object(self, reference: str) -> Any:
+        """``module:attr`` imported with the app folder on the import path (the app's plugin code).
+
+        The runtime's own classes (``streams.ingest:IngestValidator``) import the same way.
+        """
+        module_name, sep, attr = reference.partition(":")
+        if not sep or not module_name or not attr:
+            raise TopologyError(f"{reference!r} is not a `module:attr` reference")
+        folder = str(self.folder)
+        if folder not in sys.path:
+            sys.path.append(folder)  # after the installed packages: an app never shadows the runtime
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise TopologyError(f"{reference!r} cannot be imported from app {self.app!r} ({folder}): {exc}") from exc
+
+    def partitions(self, topic: str) -> int:
+        return self.topics[topic].partitions or self.defaults.partitions
+
+    def replication(self, topic: str) -> int:
+        return self.topics[topic].replication_factor or self.defaults.replication_factor
+
+    def processors_of(self, kind: str) -> dict[str, ProcessorSpec]:
+        """The processors of one kind (``Kind.RULES``, or an app's ``module:Class``), in declaration order."""
+        return {name: spec for name, spec in self.processors.items() if spec.kind == kind}
+
+    def group(self, processor: str) -> str:
+        return self.processors[processor].group or f"{self.app}.{processor}"
+
+    def subjects(self) -> dict[str, str]:
+        """Avro subject → schema text, for every topic that has one."""
+        return {spec.schema_: self.schema_path(spec.schema_).read_text()
+                for spec in self.topics.values() if spec.schema_}
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_defaults=True), sort_keys=False)
+
+
+def topology_file(path: str | Path) -> Path:
+    """The topology file of ``path``: an app folder's ``topology.yaml``, or the file itself."""
+    path = Path(path)
+    return path / TOPOLOGY_FILE if path.is_dir() else path
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read and validate an app's topology (its folder or its file); errors name the file and the field.
+
+    Relative paths in it resolve against ``root:`` when the file sets one (relative to the file),
+    else against the folder the file is in.
+    """
+    path = topology_file(path).resolve()
+    return load_model(path, Topology, "topology",
+                      fill=lambda raw: {**raw, "root": str((path.parent / raw.get("root", ".")).resolve())})
