@@ -2,11 +2,15 @@
 
 One agent reads the source topic (Confluent-framed Avro, keyed by entity); the event-time state
 of each partition (``streams.features.compute.PartitionWindows``: open windows of its entities,
-its stream time, what is closed) lives in a Faust ``Table``, one key per partition, whose changelog
-topic (``<group>-entity_windows-changelog``) restores it when a worker restarts. Writing the whole
-partition's open windows on every reading is what makes this engine the slow one; the embedded
-engine is the fast path. It has no idle-partition timeout: a quiet partition keeps its last windows
-open until it sends again.
+its stream time, what is closed) lives in a Faust ``Table`` whose changelog topic
+(``<group>-entity_windows-changelog``) restores it when a worker restarts: one key per partition for
+its clock (``partition:<p>``: stream time, closed-through, the last offset applied) and one per entity
+with open windows (``open:<p>:<entity>``: its windows and the offset of its last reading added). A
+reading writes its entity's key, the keys of the entities whose windows it closed, then the
+partition's clock, so the changelog carries what changed, not the partition's whole state. The worker
+holds each partition's state in memory between readings and rebuilds it from the table after a
+rebalance. It has no idle-partition timeout: a quiet partition keeps its last windows open until it
+sends again.
 
 Why a plain table and not Faust's ``.tumbling()`` window sets: Faust closes windows on one
 stream-time clock for the whole table and expires them by wall time, while the declared
@@ -16,7 +20,9 @@ rows to the other engines (``tests/integration/test_parity.py``) and Faust's rec
 
 Delivery: a window's output record is acknowledged by the broker before the state that
 says "emitted" is written to the table, and the state remembers the offset of the last
-reading applied to its partition, so a reading re-delivered after a crash is not counted twice: outputs may
+reading applied to its partition and of the last added to each entity (a crash between the two keys
+leaves the entity's ahead: its reading, read again, moves the clock only), so a reading re-delivered
+after a crash is not counted twice: outputs may
 repeat (same ``event_id``), never go missing. Late readings go to the DLQ topic. The newest row
 of each entity goes to the online store, Feast's Redis store (``streams.features.layout``), under
 the Feast project ``--project``.
@@ -50,35 +56,54 @@ log = logging.getLogger("tangram.features.faust")
 CARRIED = ("event_id", "trace_id", "ingest_ms")
 
 
-def encode_state(state: PartitionWindows, applied: int) -> bytes:
-    """A partition's window state as JSON for the changelog: plain data, so reading it back runs no code.
-
-    (It was a pickle: bytes from a topic that anyone able to write the changelog could turn into
-    code run here.) ``applied`` is the offset of the last reading applied. Header values are bytes,
-    so they travel base64-encoded; NaN (a missing reading) is JSON's ``NaN`` extension, which
-    Python's json reads back.
-    """
-    return json.dumps({
-        "stream_time": state.stream_time, "closed_through": state.closed_through, "applied": applied,
-        "open": [{"entity": entity, "start": w.start, "ts": w.ts, "rows": w.rows,
-                  "last": {k: base64.b64encode(v).decode() for k, v in (w.last or {}).items() if v is not None}}
-                 for (entity, _), w in state.open.items()],
-    }, separators=(",", ":")).encode()
+def _window_json(w: OpenWindow) -> dict:
+    return {"start": w.start, "ts": w.ts, "rows": w.rows,
+            "last": {k: base64.b64encode(v).decode() for k, v in (w.last or {}).items() if v is not None}}
 
 
-def decode_state(data: bytes, state: PartitionWindows) -> int:
-    """Restore ``state`` from :func:`encode_state`'s bytes; returns the offset of the last reading applied.
+def encode_meta(state: PartitionWindows, applied: int) -> bytes:
+    """A partition's clock as JSON for the changelog: its stream time, what is closed, the last offset applied."""
+    return json.dumps({"stream_time": state.stream_time, "closed_through": state.closed_through, "applied": applied},
+                      separators=(",", ":")).encode()
 
-    ``ValueError`` (including a JSON error) for bytes that are not such a state.
+
+def decode_meta(data: bytes, state: PartitionWindows) -> int:
+    """Restore ``state``'s clock from :func:`encode_meta`'s bytes; returns the offset of the last reading applied.
+
+    ``ValueError`` (including a JSON error), ``KeyError`` or ``TypeError`` for bytes that are not such a state.
     """
     saved = json.loads(data)
     state.stream_time, state.closed_through = int(saved["stream_time"]), int(saved["closed_through"])
-    state.open = {}
+    return int(saved["applied"])
+
+
+def encode_windows(windows: list[OpenWindow], applied: int) -> bytes:
+    """One entity's open windows as JSON for the changelog, with the offset of its last reading added.
+
+    Plain data, so reading it back runs no code (it was a pickle: bytes from a topic that anyone able to
+    write the changelog could turn into code run here). Header values are bytes, so they travel
+    base64-encoded; NaN (a missing reading) is JSON's ``NaN`` extension, which Python's json reads back.
+    """
+    return json.dumps({"applied": applied, "open": [_window_json(w) for w in windows]}, separators=(",", ":")).encode()
+
+
+def decode_windows(data: bytes) -> tuple[int, list[OpenWindow]]:
+    """:func:`encode_windows`'s bytes back: (the offset of the entity's last reading added, its open windows)."""
+    saved = json.loads(data)
+    windows = []
     for w in saved["open"]:
         window = OpenWindow(int(w["start"]), None, [int(t) for t in w["ts"]], [[float(x) for x in r] for r in w["rows"]])
         window.last = {str(k): base64.b64decode(v, validate=True) for k, v in w["last"].items()} or None
-        state.open[(str(w["entity"]), window.start)] = window
-    return int(saved["applied"])
+        windows.append(window)
+    return int(saved["applied"]), windows
+
+
+def meta_key(partition: int) -> bytes:
+    return b"partition:%d" % partition
+
+
+def open_key(partition: int, entity: str) -> bytes:
+    return b"open:%d:" % partition + entity.encode()
 
 
 def broker_credentials() -> faust.SASLCredentials | None:
@@ -117,16 +142,41 @@ def build_app(args: argparse.Namespace) -> faust.App:
                    "dlq.failed_ms": str(int(time.time() * 1000)).encode()}
         await (await dlq.send(key=event.key, value=event.value, headers=headers))
 
+    #: Each partition's state as this worker holds it between readings: (windows, last offset applied, last
+    #: offset added per entity). Rebuilt from the table after every rebalance (the table is what restores).
+    held: dict[int, tuple[PartitionWindows, int, dict[str, int]]] = {}
+
+    @app.on_partitions_revoked.connect
+    async def _revoked(sender, revoked, **kwargs) -> None:  # noqa: ARG001 - the signal's arguments
+        held.clear()
+
+    @app.on_partitions_assigned.connect
+    async def _assigned(sender, assigned, **kwargs) -> None:  # noqa: ARG001
+        held.clear()
+
+    def restore(partition: int) -> tuple[PartitionWindows, int, dict[str, int]]:
+        """A partition's state from the table: its clock, and each of its entities' open windows."""
+        state, applied, added = PartitionWindows(fs), -1, {}
+        saved = table.get(meta_key(partition))
+        if saved is not None:
+            applied = decode_meta(saved, state)
+        prefix = open_key(partition, "")
+        for key, value in list(table.items()):
+            if value is not None and key.startswith(prefix):
+                entity = key[len(prefix):].decode("utf-8")
+                added[entity], windows = decode_windows(value)
+                for window in windows:
+                    state.open[(entity, window.start)] = window
+        return state, applied, added
+
     @app.agent(source)
     async def windows(stream: faust.StreamT) -> None:
         async for event in stream.events():
             msg = event.message
             entity = event.key.decode("utf-8") if event.key is not None else ""
-            key = b"partition:%d" % msg.partition  # the state of the partition's windows, in its changelog partition
-            saved = table.get(key)
-            state, applied = PartitionWindows(fs), -1
-            if saved is not None:
-                applied = decode_state(saved, state)
+            if msg.partition not in held:
+                held[msg.partition] = restore(msg.partition)
+            state, applied, added = held[msg.partition]
             if msg.offset <= applied:
                 continue  # re-delivered after a restart: already in the state
             try:
@@ -134,12 +184,18 @@ def build_app(args: argparse.Namespace) -> faust.App:
             except WireFormatError as exc:
                 await dead_letter(event, "undecodable", str(exc))
                 continue
-            row = [math.nan if reading[s] is None else reading[s] for s in fs.inputs]
-            carried = {k: v for k, v in dict(msg.headers or ()).items() if k in CARRIED}
-            accepted, closed = state.add(entity, reading[fs.source.timestamp_field], row, None, carried)
+            ts = reading[fs.source.timestamp_field]
+            if msg.offset <= added.get(entity, -1):
+                # the entity's windows hold it (a crash came between its key and the partition's): only the clock moves
+                accepted, closed = True, state.advance(ts)
+            else:
+                row = [math.nan if reading[s] is None else reading[s] for s in fs.inputs]
+                carried = {k: v for k, v in dict(msg.headers or ()).items() if k in CARRIED}
+                accepted, closed = state.add(entity, ts, row, None, carried)
+                if accepted:
+                    added[entity] = msg.offset
             if not accepted:
-                await dead_letter(event, "late", f"reading at {reading[fs.source.timestamp_field]} is late: "
-                                                 "its windows are already closed")
+                await dead_letter(event, "late", f"reading at {ts} is late: its windows are already closed")
             for window in closed:
                 out = output_row(fs, window["entity"], window)
                 headers = {**(window["window"].last or {}), "event_id": f"{window['entity']}:{window['start']}".encode()}
@@ -147,7 +203,16 @@ def build_app(args: argparse.Namespace) -> faust.App:
                 store.stage(out)
             if closed:
                 store.flush()
-            table[key] = encode_state(state, msg.offset)
+            # only what changed goes to the changelog: the entities whose windows changed, then the partition's clock
+            for name in ({entity} if accepted else set()) | {w["entity"] for w in closed}:
+                mine = [w for (e, _), w in state.open.items() if e == name]
+                if mine:
+                    table[open_key(msg.partition, name)] = encode_windows(mine, added.get(name, -1))
+                else:
+                    added.pop(name, None)
+                    table.pop(open_key(msg.partition, name), None)
+            held[msg.partition] = (state, msg.offset, added)
+            table[meta_key(msg.partition)] = encode_meta(state, msg.offset)
 
     return app
 
