@@ -1,7 +1,9 @@
-"""Failures of the embedded feature worker and of its online store lose nothing.
+"""Failures of the embedded feature worker, of the Faust job and of their online store lose nothing.
 
 - ``kill -9`` of the feature processor mid-window, twice, while readings stream in: after the
   restarts the emitted rows equal an uninterrupted computation (duplicates allowed, identical).
+- ``kill -9`` of the Faust job mid-stream: its table comes back from the changelog, the rows equal the
+  reference's.
 - Redis stopped while the processor runs, restarted later: the processor waits (offsets are not
   committed past the unwritten windows), catches up, and the online store ends with every
   device's newest window. This test runs its own Redis (ports 40400–40499), not the stack's.
@@ -25,6 +27,7 @@ from isolation import isolated_topology
 
 from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
+from streams.features import faust_job
 from streams.features.engine import online_layout
 from streams.features.online import read_online_features
 from pm_app import FEATURE_SET
@@ -41,9 +44,11 @@ from streams.plan import apply
 from streams.security.kafka import KafkaConnection
 from streams.run import make_runner
 from streams.topology import load_topology
-from reference import load_schema
+from reference import PM, load_schema
 
 pytestmark = pytest.mark.integration
+
+FEATURE_SET_FILE = PM / "features" / "device_window.yaml"
 
 OWN_REDIS_PORT = 40400 + int(os.environ.get("TANGRAM_TEST_PORT_OFFSET", "0")) % 100
 
@@ -215,6 +220,45 @@ def own_redis(tmp_path):
         if p.poll() is None:
             p.terminate()
             p.wait(10)
+
+
+def test_faust_job_killed_mid_window_restores_its_table_and_emits_what_an_uninterrupted_run_emits(stack, tmp_path):
+    """The Faust job, ``kill -9`` mid-stream and restarted: its table (a key per partition's clock, one per
+    entity's open windows) comes back from the changelog, and the rows equal the reference's (by the
+    partitions' own time: the Faust job has no idle timeout); no reading counted twice, none lost."""
+    path, prefix = isolated_topology(tmp_path)
+    apply(load_topology(path), stack)
+    in_codec, out_codec = _codecs(stack)
+    source, output, dlq = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window", f"{prefix}.dlq.features"
+    readings = recorded_readings(8, 30.0, seed=23)
+    expected, expected_late = expected_windows(readings, FEATURE_SET, 3)
+    argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
+                             redis_url=stack.redis_url, project=f"{prefix}-faust", source=source, output=output,
+                             dlq=dlq, group=f"{prefix}.features-faust", feature_set=str(FEATURE_SET_FILE))
+    log = (tmp_path / "faust.log").open("ab")
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    half = len(readings) // 2
+    proc = start()
+    try:
+        produce_records(stack.kafka, source, in_codec, readings[:half], key="device_id", partitions=3)
+        _wait_for(stack.kafka, output, 8 * 2, 120, lambda p=proc: p.poll() is None)
+        time.sleep(1.0)  # mid-stream, some windows out, others open
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc = start()
+        produce_records(stack.kafka, source, in_codec, readings[half:], key="device_id", partitions=3)
+        _wait_for(stack.kafka, output, len(expected), 150, lambda p=proc: p.poll() is None)
+        rows = by_window(read_rows(stack.kafka, output, out_codec, idle_s=3.0), key="device_id")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert len(rows) == len(expected)
+    assert diff_rows(expected, rows) == []
+    late = {_position(m) for m in read_rows(stack.kafka, dlq, None, idle_s=2.0)}
+    assert len(late) == expected_late > 0
 
 
 def test_redis_restarted_while_the_job_runs_waits_and_catches_up(stack, tmp_path, own_redis):
