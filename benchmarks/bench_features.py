@@ -166,7 +166,7 @@ def engines(stack: StackSettings, devices: int, seconds: float, faust: bool, fli
         worker = subprocess.Popen(argv, cwd=REPO, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
         try:
             first = wait_count(stack, output + "_faust", 1)
-            last = wait_count(stack, output + "_faust", windows)
+            last = wait_count(stack, output + "_faust", windows, timeout_s=3600)  # ~1.4k readings/s: 500k in ~6 min
         finally:
             worker.terminate()
             worker.wait(30)
