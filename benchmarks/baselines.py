@@ -23,11 +23,10 @@ def raw_copy_seconds(stack: StackSettings, source: str, sink: str, n: int, batch
     ``every`` > 1 writes one record for every ``every`` read (the value of that record, unchanged): the
     Kafka work of a stage that turns ``every`` readings into one window, with no decoding and no math.
     """
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"bench-raw-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                         "isolation.level": "read_committed"})
-    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 5, "compression.type": "lz4"})
+    consumer = Consumer(stack.kafka.config({"group.id": f"bench-raw-{uuid.uuid4().hex}", "enable.auto.commit": False,
+                                            "auto.offset.reset": "earliest", "isolation.level": "read_committed"}))
+    producer = Producer(stack.kafka.config({"enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                                            "compression.type": "lz4"}))
     consumer.subscribe([source])
     done, started = 0, None
     try:

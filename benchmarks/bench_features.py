@@ -1,14 +1,21 @@
 """Feature engines and online reads, measured against baselines in the same run (figures, not tests).
 
-Needs a running stack (`tangram up`, or TANGRAM_* variables pointing at one) and the Flink env.
+Needs a running stack (`tangram up`, or TANGRAM_* variables pointing at one); ``--flink`` needs the
+Flink environment (``.venv-flink``) and Maven for the job's jars.
 
-    .venv/bin/python benchmarks/bench_features.py [--devices 100] [--seconds 60]
+    .venv/bin/python benchmarks/bench_features.py [--devices 200] [--seconds 250] [--faust] [--flink]
 
 Prints:
-- readings/s through the embedded engine, the Faust job and the PyFlink job (local mini-cluster),
-  each timed the same way from outside (from its first window out to its last, over the readings
-  between), with how many windows each emitted, as a ratio to a raw confluent-kafka loop doing the
-  same Kafka work (read every reading, write one record per window's worth, acks, commit);
+- the embedded engine (the ``features`` processor in its at-least-once delivery loop: decode, windows,
+  features, encode, Feast's Redis layout) over N readings (default 200 devices × 250 s at 10 Hz =
+  500,000), in readings/s and CPU µs per reading, beside the **raw confluent-kafka loop** doing the same
+  Kafka work on the same records (``baselines.py``: read every reading, write one record per window's
+  worth of readings, acks, commit; run before and after the engine, the ratio taken to their mean). Both
+  clocks start at the first record consumed, in this process, and count the windows emitted;
+- ``--faust``: the Faust job on the same records, timed from outside from its first window out to its
+  last over the readings consumed between (start-up and group joins count for nothing), windows counted;
+- ``--flink``: the Flink SQL job (bounded, local mini-cluster) at parallelism 1 and 2 on the same records,
+  timed as the Faust job is (its start, planner and Python workers count for nothing), windows counted;
 - online-store reads (Feast's Redis layout) at 1, 10 and 100 keys per call: closed loop with 1 and 4
   concurrent clients (calls completed over wall time), then open loop at fixed rates (latency from
   each call's scheduled time), the blocking reader (``read_online_features`` from several processes,
@@ -16,7 +23,8 @@ Prints:
 - memory per 10k devices with half-full windows, one measure for both: the RSS growth of the Faust
   job's own process and of the embedded engine's own process (``tangram run … features``).
 
-    .venv/bin/python benchmarks/bench_features.py --memory-only   # only the memory figures
+    .venv/bin/python benchmarks/bench_features.py --engines-only   # only the engines
+    .venv/bin/python benchmarks/bench_features.py --memory-only    # only the memory figures
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from streams.launcher import Processors
 from streams.plan import apply
 from streams.run import make_runner
 from streams.settings import StackSettings
-from streams.topology import load_topology
+from streams.topology import Topology, load_topology
 
 from baselines import raw_copy_seconds
 from reference_app import FEATURE_SET, FEATURE_SET_FILE, REPO, TOPOLOGY, load_schema, recorded_readings
@@ -63,31 +71,50 @@ def isolated(tmp: Path) -> tuple[Path, str]:
     return namespaced(TOPOLOGY, prefix, tmp / f"{prefix}.yaml"), prefix
 
 
-def wait_count(stack: StackSettings, topic: str, n: int, timeout_s: float = 900) -> float:
+def wait_count(stack: StackSettings, topic: str, n: int, timeout_s: float = 900, alive=lambda: True) -> float:
     """Until ``topic`` holds ``n`` records; returns the wall time that was first seen (polled every 50 ms)."""
     deadline = time.monotonic() + timeout_s
     while count_records(stack.kafka, topic) < n:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{topic}: fewer than {n} records after {timeout_s}s")
+        if time.monotonic() > deadline or not alive():
+            raise SystemExit(f"{topic}: fewer than {n} records after {timeout_s}s" if alive() else
+                             f"{topic}: the job writing it stopped before {n} records")
         time.sleep(0.05)
     return time.time()
 
 
 @dataclass(frozen=True)
-class EngineRun:
-    """One engine over the readings, timed from outside the same way for every engine: from its first
-    window out to its last, over the readings consumed between them (those at or past the first window's
-    close), so that start-up and group joins count for none of them."""
+class Run:
+    rate: float  # readings/s from the first record consumed
+    cpu_us: float  # CPU µs of this process per reading (the loop runs in it)
 
-    name: str
-    windows: int  # what it emitted
-    first: float
-    last: float
-    readings: int
 
-    @property
-    def rate(self) -> float:
-        return self.readings / max(self.last - self.first, 1e-9)
+def raw_loop(stack: StackSettings, source: str, sink: str, n: int, batch: int, every: int) -> Run:
+    """The raw loop over the ``n`` readings, one record out per ``every`` read: its rate and CPU per reading."""
+    cpu = time.process_time()
+    seconds = raw_copy_seconds(stack, source, sink, n, batch, every=every)
+    return Run(n / seconds, (time.process_time() - cpu) / n * 1e6)
+
+
+def embedded(topology: Topology, stack: StackSettings, n: int) -> tuple[Run, int]:
+    """The features processor in its delivery loop, in this process, until it has read ``n`` readings: its rate
+    and CPU per reading from the first batch, and the windows it emitted."""
+    runner = make_runner(topology, "features", stack)
+    process, state = runner.processor.process, {"done": 0, "started": None, "cpu": 0.0, "windows": 0}
+
+    def counted(batch):
+        if state["started"] is None:
+            state["started"], state["cpu"] = time.perf_counter(), time.process_time()
+        out = process(batch)
+        state["done"] += len(batch)
+        state["windows"] += sum(1 for o in out if o.topic == runner.processor.output_topic)
+        if state["done"] >= n:
+            runner.stop()
+        return out
+
+    runner.processor.process = counted
+    runner.run()  # returns after the batch that reached n was delivered, flushed to Redis and committed
+    seconds, cpu = time.perf_counter() - state["started"], time.process_time() - state["cpu"]
+    return Run(n / seconds, cpu / n * 1e6), state["windows"]
 
 
 def readings_after_first_close(readings: list[dict]) -> int:
@@ -98,63 +125,93 @@ def readings_after_first_close(readings: list[dict]) -> int:
     return sum(1 for r in readings if r["ts"] >= closes)
 
 
-def timed_output(stack: StackSettings, name: str, topic: str, windows: int, readings: int, run) -> EngineRun:
-    """Run ``run()`` in a thread while timing ``topic`` from its first record to ``windows`` records."""
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    first = wait_count(stack, topic, 1)
-    last = wait_count(stack, topic, windows)
-    return EngineRun(name, count_records(stack.kafka, topic), first, last, readings)
-
-
-def engines(stack: StackSettings, devices: int, seconds: float) -> None:
+def engines(stack: StackSettings, devices: int, seconds: float, faust: bool, flink: bool) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-features-"))
     path, prefix = isolated(tmp)
     topology = load_topology(path)
     apply(topology, stack)
     source, output = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window"
-    extra = [output + "_faust", output + "_flink", f"{prefix}.dlq.faust", f"{prefix}.dlq.flink", f"{prefix}.raw_reduce"]
-    create_topics(stack.kafka, extra)
+    create_topics(stack.kafka, [output + "_faust", f"{prefix}.dlq.faust", f"{prefix}.dlq.flink", f"{prefix}.raw_reduce"])
     in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
     readings = recorded_readings(devices, seconds, late_every=10**9, straggle_every=10**9)
     produce_records(stack.kafka, source, in_codec, readings, key="device_id")
     windows = devices * (int(seconds * 1000) // FEATURE_SET.window.size_ms - 1)
-    n, timed_n = len(readings), readings_after_first_close(readings)
+    n, batch = len(readings), topology.processors["features"].batch_size
     per_window = n // windows
-    print(f"input: {n:,} readings of {devices} devices over {seconds:.0f}s of event time → {windows:,} windows; "
-          f"engines timed from their first window to their last, over the {timed_n:,} readings between")
+    print(f"input: {n:,} readings of {devices} devices over {seconds:.0f} s of event time → {windows:,} windows; "
+          f"batch size {batch}; {_load()}")
 
-    raw = n / raw_copy_seconds(stack, source, f"{prefix}.raw_reduce", n, every=per_window)
-    print(f"  raw loop: consume → one record per {per_window} read → acks → commit   {raw:>10,.0f} readings/s   1.00×")
+    before = raw_loop(stack, source, f"{prefix}.raw_reduce", n, batch, per_window)
+    engine, emitted = embedded(topology, stack, n)
+    after = raw_loop(stack, source, f"{prefix}.raw_reduce", n, batch, per_window)
+    raw = (before.rate + after.rate) / 2
+    print(f"  raw loop: consume → one record per {per_window} read → acks → commit   {raw:>10,.0f} readings/s   1.00×   "
+          f"{before.cpu_us:5.2f} µs CPU/reading   (before {before.rate:,.0f}/s, after {after.rate:,.0f}/s)")
+    print(f"  embedded engine (delivery loop, also writing Feast's store)      {engine.rate:>10,.0f} readings/s   "
+          f"{engine.rate / raw:.3f}×   {engine.cpu_us:5.2f} µs CPU/reading   ({emitted:,} windows out)")
+    if emitted != windows:
+        raise SystemExit(f"the embedded engine emitted {emitted:,} windows, not {windows:,}")
+    baseline = f"raw loop, one record out per {per_window} read, {raw:,.0f}/s (mean of before and after)"
+    emit(Figure("feature windows: embedded engine (delivery loop, also writing Feast's store)",
+                f"{engine.rate:,.0f} readings/s, {engine.cpu_us:.1f} µs CPU/reading ({emitted:,} windows out of "
+                f"{windows:,})", baseline, f"{engine.rate / raw:.3f} (goal ≥ 0.5)", n=n, batch=batch,
+                benchmark="bench_features", value=engine.rate))
 
-    runs: list[EngineRun] = []
-    runner = make_runner(topology, "features", stack)
-    runs.append(timed_output(stack, "embedded engine (delivery loop, also writing Feast's store)", output, windows,
-                             timed_n, runner.run))
-    runner.stop()
+    if faust:
+        timed_n = readings_after_first_close(readings)
+        argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
+                                 redis_url=stack.redis_url, project=f"{prefix}-faust", source=source,
+                                 output=output + "_faust", dlq=f"{prefix}.dlq.faust", group=f"{prefix}.faust",
+                                 feature_set=str(FEATURE_SET_FILE))
+        worker = subprocess.Popen(argv, cwd=REPO, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
+        try:
+            first = wait_count(stack, output + "_faust", 1)
+            last = wait_count(stack, output + "_faust", windows, timeout_s=3600)  # ~1.4k readings/s: 500k in ~6 min
+        finally:
+            worker.terminate()
+            worker.wait(30)
+        rate, got = timed_n / max(last - first, 1e-9), count_records(stack.kafka, output + "_faust")
+        print(f"  Faust job (first window out → last, over the {timed_n:,} readings between)   {rate:>10,.0f} readings/s   "
+              f"{rate / raw:.3f}×   ({got:,} windows out)")
+        emit(Figure("feature windows: Faust job", f"{rate:,.0f} readings/s ({got:,} windows out of {windows:,})",
+                    baseline, f"{rate / raw:.3f}", n=n, batch="-", benchmark="bench_features"))
 
-    argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
-                             redis_url=stack.redis_url, project=f"{prefix}-faust", source=source,
-                             output=output + "_faust", dlq=f"{prefix}.dlq.faust", group=f"{prefix}.faust",
-                             feature_set=str(FEATURE_SET_FILE))
-    worker = subprocess.Popen(argv, cwd=REPO, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
-    try:
-        runs.append(timed_output(stack, "Faust job", output + "_faust", windows, timed_n, lambda: None))
-    finally:
-        worker.terminate()
-        worker.wait(30)
+    if flink:
+        timed_n = readings_after_first_close(readings)
+        single = None
+        for parallelism in (1, 2):
+            out = f"{output}_flink{parallelism}"
+            create_topics(stack.kafka, [out])
+            argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE), dlq=f"{prefix}.dlq.flink",
+                            group=f"{prefix}.flink{parallelism}", source=source, output=out, bounded=True,
+                            online_project=f"{prefix}-flink", parallelism=parallelism)
+            failed: list[BaseException] = []
 
-    argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE),
-                    dlq=f"{prefix}.dlq.flink", group=f"{prefix}.flink", source=source,
-                    output=output + "_flink", bounded=True, online_project=f"{prefix}-flink")
-    runs.append(timed_output(stack, "PyFlink job (local mini-cluster, bounded)", output + "_flink", windows, timed_n,
-                             lambda: run_job(argv, timeout_s=900, log_path=tmp / "flink.log")))
-    for run in runs:
-        print(f"  {run.name:<60} {run.rate:>10,.0f} readings/s   {run.rate / raw:.3f}×   ({run.windows:,} windows out)")
-        emit(Figure(f"feature windows: {run.name}", f"{run.rate:,.0f} readings/s ({run.windows:,} windows out of "
-                    f"{windows:,})", f"raw loop, one record out per {per_window} read, {raw:,.0f}/s",
-                    f"{run.rate / raw:.3f} (goal ≥ 0.5)", n=n, batch=topology.processors["features"].batch_size,
-                    benchmark="bench_features"))
+            def job(argv=argv, parallelism=parallelism) -> None:
+                try:
+                    run_job(argv, timeout_s=1800, log_path=tmp / f"flink-{parallelism}.log", settings=stack)
+                except BaseException as exc:  # noqa: BLE001 - reported by the waiting thread
+                    failed.append(exc)
+
+            started = time.time()
+            thread = threading.Thread(target=job, daemon=True)
+            thread.start()
+            first = wait_count(stack, out, 1, alive=lambda: not failed)
+            last = wait_count(stack, out, windows, alive=lambda: not failed)
+            thread.join()
+            if failed:
+                raise SystemExit(f"the Flink job failed: {failed[0]}")
+            rate, got = timed_n / max(last - first, 1e-9), count_records(stack.kafka, out)
+            single = single or rate
+            print(f"  Flink SQL job, parallelism {parallelism} (bounded, mini-cluster; first window out → last, over "
+                  f"the {timed_n:,} readings between; {first - started:.0f} s to its first window)   {rate:>10,.0f} "
+                  f"readings/s   {rate / raw:.3f}×   ({got:,} windows out; {rate / single:.2f}× parallelism 1; "
+                  f"{rate / engine.rate:.2f}× the embedded engine)")
+            emit(Figure(f"feature windows: Flink SQL job, parallelism {parallelism} (mini-cluster, first window → last)",
+                        f"{rate:,.0f} readings/s ({got:,} windows out, {windows:,} closed by event time)",
+                        f"embedded engine {engine.rate:,.0f}/s", f"{rate / engine.rate:.2f} (goal ≥ 1 at parallelism 1)"
+                        + (f"; {rate / single:.2f}× parallelism 1 (goal ≥ 1.6)" if parallelism == 2 else ""),
+                        n=n, batch="-", benchmark="bench_features"))
 
 
 def _fill_online_store(stack: StackSettings, devices: int) -> FeastLayout:
@@ -331,7 +388,7 @@ def _rss_kib(pid: int) -> tuple[int, int]:
 
 def _wait_member(stack: StackSettings, group: str, worker: subprocess.Popen, timeout_s: float = 120) -> None:
     """Until the Faust worker's consumer group is stable with partitions assigned (the worker is up)."""
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    admin = AdminClient(stack.kafka.config())
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if worker.poll() is not None:
@@ -347,8 +404,7 @@ def _wait_consumed(stack: StackSettings, group: str, topic: str, changelog: str,
                    worker: subprocess.Popen, timeout_s: float = 900) -> float:
     """Until ``group`` has committed every offset of ``topic`` (lag 0, ``n`` records in all) and the table's
     changelog holds ``n`` records (one table write per reading applied); returns the seconds it took."""
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": group,
-                         "enable.auto.commit": False})  # reads the group's committed offsets; never joins it
+    consumer = Consumer(stack.kafka.config({"group.id": group, "enable.auto.commit": False}))  # reads the group's committed offsets; never joins it
     tps = [TopicPartition(topic, p) for p in range(3)]
     t0 = time.monotonic()
     try:
@@ -488,8 +544,11 @@ def memory(stack: StackSettings) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--devices", type=int, default=100)
-    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--devices", type=int, default=200)
+    p.add_argument("--seconds", type=float, default=250.0, help="Event time of the recording (10 readings/s/device).")
+    p.add_argument("--faust", action="store_true", help="Also the Faust job on the same readings.")
+    p.add_argument("--flink", action="store_true", help="Also the Flink SQL job (parallelism 1 and 2) on the same readings.")
+    p.add_argument("--engines-only", action="store_true", help="Only the engines.")
     p.add_argument("--reads-only", action="store_true", help="Only the online-read measurements.")
     p.add_argument("--online-devices", type=int, default=10_000, help="Entities in the online store for the reads.")
     p.add_argument("--baseline-processes", type=int, default=4, help="Blocking reader processes (baseline).")
@@ -501,7 +560,9 @@ def main() -> None:
         memory(stack)
         return
     if not args.reads_only:
-        engines(stack, args.devices, args.seconds)
+        engines(stack, args.devices, args.seconds, args.faust, args.flink)
+    if args.engines_only:
+        return
     layout = _fill_online_store(stack, args.online_devices)
     try:
         online_reads(stack, layout, args.online_devices)

@@ -24,6 +24,7 @@ from reference_app import TOPOLOGY, Device
 from reference_app import FEATURE_SET
 from streams.namespace import namespaced
 from streams.settings import StackSettings
+from streams.testing import partition_of
 from streams.stack import components
 from streams.topology import Topology, load_topology
 
@@ -80,21 +81,26 @@ class History:
                 yield d.device_id, reading_bytes(d, ts, rows[k])
                 sent += 1
 
-    def windows(self) -> int:
-        """Windows the feature stage closes: per device, each window of its readings whose end plus the
-        allowed lateness its newest reading reaches (event time per device, windows aligned to the epoch)."""
+    def windows(self, partitions: int = 3) -> int:
+        """Windows the feature stage closes: each window of a device's readings whose end plus the allowed
+        lateness its partition's stream time reaches (the newest event time of any device keyed to the same
+        partition of the ``partitions`` the features' input has; windows aligned to the epoch)."""
         w = FEATURE_SET.window
         ts = self.timestamps()
         full, extra = divmod(self.readings, len(self.devices))
+        counts = [full + 1 if i < extra else full for i in range(len(self.devices))]  # step by step: the first go on
+        where = [partition_of(d.device_id, partitions) for d in self.devices]
+        stream_time = {p: max(int(ts[c - 1]) for c, q in zip(counts, where) if q == p and c) for p in set(where)
+                       if any(c for c, q in zip(counts, where) if q == p)}
         total = 0
-        for count in (full + 1, full):
-            devices = extra if count == full + 1 else len(self.devices) - extra
-            if not devices or not count:
+        for count, p in zip(counts, where):
+            if not count:
                 continue
             mine = ts[:count]
             base = mine - mine % w.hop_ms
             starts = np.unique(np.concatenate([base - k * w.hop_ms for k in range(w.size_ms // w.hop_ms)]))
-            total += devices * int(np.count_nonzero(starts + w.size_ms + w.allowed_lateness_ms <= mine[-1]))
+            starts = starts[(starts + w.size_ms > mine[0]) & (starts <= mine[-1])]  # windows holding a reading
+            total += int(np.count_nonzero(starts + w.size_ms + w.allowed_lateness_ms <= stream_time[p]))
         return total
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -161,10 +161,13 @@ class BatchCodec:
         self._record_writer = record_writer
         self.fields = [self._field(f) for f in schema["fields"]]
         self.can_decode = all(f.kind != "map" for f in self.fields)
+        # Neighbouring fixed-width fields, read together: doubles and floats, or nullable ones (when a batch
+        # holds no null there, a nullable run is a fixed layout too: branch byte, value, branch byte, ...).
         self._runs: list[list[_Field]] = []
         for f in self.fields:
-            fixed = f.kind in _FIXED and f.null_branch is None
-            if fixed and self._runs and self._runs[-1][-1].kind in _FIXED and self._runs[-1][-1].null_branch is None:
+            last = self._runs[-1][-1] if self._runs else None
+            if f.kind in _FIXED and last is not None and last.kind in _FIXED \
+                    and (last.null_branch is None) == (f.null_branch is None):
                 self._runs[-1].append(f)
             else:
                 self._runs.append([f])
@@ -267,8 +270,14 @@ class BatchCodec:
         return [_varints(lengths), ("var", lengths, np.frombuffer(b"".join(raw), dtype=np.uint8))]
 
     # -- decode -----------------------------------------------------------------------------
-    def decode(self, values: Sequence[bytes | None]) -> dict[str, Any] | None:
-        """The columns of ``values``, or ``None`` when they must be read one by one (see the module doc)."""
+    def decode(self, values: Sequence[bytes | None], *, only: Collection[str] | None = None,
+               nulls_as_nan: bool = False) -> dict[str, Any] | None:
+        """The columns of ``values``, or ``None`` when they must be read one by one (see the module doc).
+
+        ``only``: the fields to return (the others are still checked, but their strings and bytes are
+        never built). ``nulls_as_nan``: a nullable ``double`` or ``float`` comes back as a float64 array
+        with NaN for null, not a list (the hot path of numeric stages: no Python object per value).
+        """
         rows = len(values)
         if not self.can_decode or rows == 0 or rows < self.small_batch or None in values:
             return None
@@ -282,19 +291,25 @@ class BatchCodec:
             return None
         if not (data[starts[:, None] + np.arange(width)] == np.frombuffer(self.header, dtype=np.uint8)).all():
             return None  # another schema id (or not framed Avro): read one by one, with resolution
-        reader = _Reader(blob, data, starts + width, ends)
+        reader = _Reader(blob, data, starts + width, ends, nulls_as_nan)
         columns: dict[str, Any] = {}
         try:
             for run in self._runs:
-                if len(run) > 1:  # neighbouring doubles/floats: one gather for all of them
+                if len(run) > 1 and run[0].null_branch is None:  # neighbouring doubles/floats: one gather for all
                     columns.update(zip((f.name for f in run), reader.fixed_run([_FIXED[f.kind] for f in run])))
+                elif len(run) > 1 and (present := reader.present_run(run)) is not None:
+                    columns.update(zip((f.name for f in run), present))
+                elif len(run) > 1:  # some value of the run is null in this batch: field by field
+                    columns.update((f.name, reader.field(f)) for f in run)
+                elif only is not None and run[0].name not in only and run[0].kind in ("string", "bytes"):
+                    reader.skip(run[0])
                 else:
                     columns[run[0].name] = reader.field(run[0])
         except _Undecodable:
             return None
         if not (reader.pos == ends).all():
             return None  # trailing bytes
-        return columns
+        return columns if only is None else {name: columns[name] for name in only}
 
 
 class _Undecodable(Exception):
@@ -304,8 +319,10 @@ class _Undecodable(Exception):
 class _Reader:
     """Reads one field of every row at a time; ``pos`` is each row's read position."""
 
-    def __init__(self, blob: bytes, data: np.ndarray, pos: np.ndarray, ends: np.ndarray):
+    def __init__(self, blob: bytes, data: np.ndarray, pos: np.ndarray, ends: np.ndarray, nulls_as_nan: bool = False):
         self.blob, self.data, self.pos, self.ends = blob, data, pos, ends
+        self.nulls_as_nan = nulls_as_nan
+        self._high: np.ndarray | None = None
 
     def _check(self) -> None:
         if (self.pos > self.ends).any():
@@ -350,7 +367,7 @@ class _Reader:
     def fixed_run(self, layout: list[tuple[str, int]]) -> list[np.ndarray]:
         """Several fixed-width fields in a row, read at once: one column per (dtype, width)."""
         width = sum(w for _, w in layout)
-        cells = self.data[self.pos[:, None] + np.arange(width)]
+        cells = self.data[self._span(width)]
         self.pos = self.pos + width
         self._check()
         columns, offset = [], 0
@@ -359,15 +376,41 @@ class _Reader:
             offset += w
         return columns
 
+    def _span(self, width: int) -> np.ndarray:
+        """Indexes of the next ``width`` bytes of every row, kept inside the batch (a short row is caught after)."""
+        return np.minimum(self.pos[:, None] + np.arange(width), len(self.data) - 1)
+
+    def present_run(self, run: list[_Field]) -> list[np.ndarray] | None:
+        """Neighbouring nullable doubles/floats read at once when no row holds a null in them (``None``
+        otherwise, having read nothing): each is its value branch's byte, then the value."""
+        layout = [(_FIXED[f.kind][0], 1 + _FIXED[f.kind][1]) for f in run]
+        width = sum(w for _, w in layout)
+        cells = self.data[self._span(width)]
+        offset, columns = 0, []
+        for f, (dtype, w) in zip(run, layout):
+            if not (cells[:, offset] == 2 * (1 - f.null_branch)).all():  # the zigzag varint of the value branch
+                return None
+            columns.append(np.ascontiguousarray(cells[:, offset + 1:offset + w]).view(dtype).reshape(-1).astype(np.float64))
+            offset += w
+        self.pos = self.pos + width
+        self._check()
+        return columns
+
     def field(self, f: _Field) -> Any:
         if f.null_branch is None:
             return self.value(f, None)
         branch = self.varint()
-        if not np.isin(branch, (0, 1)).all():
+        if (branch & ~1).any():  # a union branch other than 0 and 1
             raise _Undecodable
         present = branch != f.null_branch
         if present.all():
             return self.value(f, None)
+        if self.nulls_as_nan and f.kind in _FIXED:
+            column_nan = np.full(len(present), np.nan)
+            where = np.flatnonzero(present)
+            if len(where):
+                column_nan[where] = self.value(f, where)
+            return column_nan
         column: list[Any] = [None] * len(present)
         where = np.flatnonzero(present)
         if len(where):
@@ -375,6 +418,43 @@ class _Reader:
             for i, v in zip(where.tolist(), values.tolist() if isinstance(values, np.ndarray) else values):
                 column[i] = v
         return column
+
+    def skip(self, f: _Field) -> None:
+        """Move past a string or bytes field of every row without building its values.
+
+        A string is still proven UTF-8, as the strict decoder would: those of ASCII bytes only (found
+        with one prefix sum over the batch) are; the others are decoded to make sure.
+        """
+        present = None
+        if f.null_branch is not None:
+            branch = self.varint()
+            if (branch & ~1).any():
+                raise _Undecodable
+            present = np.flatnonzero(branch != f.null_branch)
+        lengths = self.varint(present)
+        if len(lengths) and lengths.min() < 0:
+            raise _Undecodable
+        begin = (self.pos if present is None else self.pos[present]).copy()
+        if present is None:
+            self.pos = self.pos + lengths
+        else:
+            self.pos[present] += lengths
+        self._check()
+        if f.kind != "string" or not len(begin):
+            return
+        high, end = self._high_bytes(), begin + lengths
+        wide = high[end] != high[begin]
+        for a, b in zip(begin[wide].tolist(), end[wide].tolist()):
+            try:
+                self.blob[a:b].decode("utf-8")
+            except UnicodeDecodeError:
+                raise _Undecodable from None
+
+    def _high_bytes(self) -> np.ndarray:
+        """``h[i]``: how many bytes before position ``i`` of the batch are not ASCII (computed once)."""
+        if self._high is None:
+            self._high = np.concatenate(([0], np.cumsum(self.data >= 0x80, dtype=np.int64)))
+        return self._high
 
     def value(self, f: _Field, rows: np.ndarray | None) -> Any:
         kind = f.kind

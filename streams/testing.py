@@ -20,6 +20,7 @@ import math
 import tempfile
 import time
 import uuid
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -47,18 +48,26 @@ def create_topics(kafka: KafkaConnection, topics: Iterable[str], partitions: int
         future.result(30)
 
 
+def partition_of(key: str, partitions: int) -> int:
+    """The partition of a key: CRC-32 of its bytes modulo the partition count (librdkafka's default partitioner,
+    ``consistent_random``, for a key that is not empty); what ``produce_records(..., partitions=n)`` uses."""
+    return zlib.crc32(key.encode()) % partitions
+
+
 def produce_records(kafka: KafkaConnection, topic: str, codec: AvroCodec | None, records: list[dict], key: str,
-                    id_field: str = "event_id") -> None:
+                    id_field: str = "event_id", partitions: int | None = None) -> None:
     """Produce ``records`` (Avro with ``codec``, else JSON) keyed by their ``key`` field, in order, with their
-    ``event_id`` and ``trace_id`` headers, and wait for every ack."""
+    ``event_id`` and ``trace_id`` headers, and wait for every ack. With ``partitions``, each goes to
+    ``partition_of(key, partitions)`` explicitly, the partition a reference computation assumes."""
     producer = Producer(kafka.config({"enable.idempotence": True, "linger.ms": 20,
                                       "compression.type": "lz4"}))
     for r in records:
         value = codec.encode(r) if codec is not None else orjson.dumps(r)
         event = str(r[id_field]).encode()
+        where = {} if partitions is None else {"partition": partition_of(str(r[key]), partitions)}
         while True:
             try:
-                producer.produce(topic, value, str(r[key]), headers=[("event_id", event), ("trace_id", event)])
+                producer.produce(topic, value, str(r[key]), headers=[("event_id", event), ("trace_id", event)], **where)
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -131,11 +140,14 @@ def diff_rows(a: dict[tuple[str, int], dict], b: dict[tuple[str, int], dict], re
     return problems
 
 
-def expected_windows(readings: list[dict], fs: FeatureSet) -> tuple[dict[tuple[str, int], dict], int]:
+def expected_windows(readings: list[dict], fs: FeatureSet, partitions: int,
+                     quiet: bool = False) -> tuple[dict[tuple[str, int], dict], int]:
     """The windows a plain numpy reference computes for feature set ``fs``, and how many readings were late.
 
-    A reading is late when its window closed already: the entity's newest event time passed
-    the window's end plus the allowed lateness. Windows still open at the end are not emitted.
+    The readings are in arrival order, each in partition ``partition_of(entity, partitions)``. A partition's
+    stream time is the newest event time read from it; a window closes when that reaches its end plus the
+    allowed lateness, and a reading is late when its window closed already. Windows still open at the end
+    are emitted only when ``quiet`` (the partitions went quiet: the idle timeout closed them).
     Tumbling windows only (hop = size).
     """
     if fs.window.hop_ms != fs.window.size_ms:
@@ -143,18 +155,19 @@ def expected_windows(readings: list[dict], fs: FeatureSet) -> tuple[dict[tuple[s
     size, lateness = fs.window.size_ms, fs.window.allowed_lateness_ms
     key, ts = fs.entity.join_key, fs.source.timestamp_field
     accepted: dict[tuple[str, int], list[dict]] = {}
-    watermark: dict[str, int] = {}
+    stream_time: dict[int, int] = {}
     late = 0
     for r in readings:
         entity, start = r[key], r[ts] - r[ts] % size
-        if start + size + lateness <= watermark.get(entity, -1):
+        partition = partition_of(entity, partitions)
+        stream_time[partition] = max(stream_time.get(partition, -1), r[ts])
+        if start + size + lateness <= stream_time[partition]:
             late += 1
             continue
         accepted.setdefault((entity, start), []).append(r)
-        watermark[entity] = max(watermark.get(entity, -1), r[ts])
     out = {}
     for (entity, start), rs in accepted.items():
-        if start + size + lateness > watermark[entity]:
+        if start + size + lateness > stream_time[partition_of(entity, partitions)] and not quiet:
             continue
         rs = sorted(rs, key=lambda r: r[ts])
         values = np.array([[np.nan if r[s] is None else r[s] for s in fs.inputs] for r in rs])

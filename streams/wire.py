@@ -14,6 +14,7 @@ the wire), which keeps the hot path free of datetimes.
 
 from __future__ import annotations
 
+import base64
 import copy
 import io
 import json
@@ -22,6 +23,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import fastavro
 
@@ -119,12 +121,15 @@ class RegistryREST:
     """The registry calls a codec needs, over the Confluent REST API with the standard library, with a deadline."""
 
     def __init__(self, url: str, timeout_s: float = 5.0):
-        self.url = url.rstrip("/")
+        parts = urlsplit(url.rstrip("/"))  # a user:password@ in the URL is sent as basic auth, never shown
+        self.url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         self.timeout_s = timeout_s
+        self._auth = {} if parts.username is None else {"Authorization": "Basic " + base64.b64encode(
+            f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()}
 
     def _call(self, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": _CT, "Accept": _CT})
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": _CT, "Accept": _CT, **self._auth})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 - the configured registry
                 return json.loads(resp.read())

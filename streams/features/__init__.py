@@ -1,11 +1,11 @@
 """Feature jobs (seed node 2): feature sets declared once, computed by interchangeable engines.
 
 - ``spec``: the declaration (an app's ``features/*.yaml``) as a typed, frozen model;
-- ``compute``: the window math and per-entity event-time state every engine shares
+- ``compute``: the window math and per-partition event-time state every engine shares
   (``compute_window`` is the one definition an app's training script uses too);
 - ``engine``: the embedded engine, a processor of the delivery loop (``WindowFeatures``);
 - ``faust_job``: the same feature set as a Faust app with windowed tables;
-- ``streams.flink.job``: the same feature set as a PyFlink job (Flink environment);
+- ``streams.flink.job``: the same feature set as a Flink SQL job (Flink environment);
 - ``online``: the online store, Feast's Redis store (writes, and the reads the rules make);
   ``layout``: its key layout, Feast's own, so ``FeatureStore.get_online_features`` reads it too.
   ``streams.feast`` (the Feast repository and its sync bridge, in Feast's environment) builds on
@@ -20,7 +20,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from streams.features.compute import EntityWindows, band_energy, compute_window
+from streams.features.compute import PartitionWindows, band_energy, compute_window, compute_windows
 from streams.features.spec import FeatureSet, load_feature_set
 
 _LAZY = {
@@ -33,7 +33,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "EntityWindows",
+    "PartitionWindows",
     "FeatureSet",
     "OnlineLookup",
     "OnlineWriter",
@@ -41,6 +41,7 @@ __all__ = [
     "WindowFeaturesSettings",
     "band_energy",
     "compute_window",
+    "compute_windows",
     "load_feature_set",
     "online_layout",
     "read_online_features",

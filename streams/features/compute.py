@@ -1,18 +1,22 @@
-"""The window math and the per-entity window state, shared by every engine.
+"""The window math and the event-time window state, shared by every engine.
 
-``compute_window`` evaluates a declared feature set over one window's readings: the one
-function every engine calls, and an app's training script too (so training and serving
-compute the same features). ``EntityWindows`` is the event-time state of
-one entity: which windows are open, its watermark (newest event time seen), which
-windows it has emitted. The embedded engine, the Faust job and the PyFlink job each
-keep one per entity and feed it records in partition order, so they emit identical
-rows. Pure Python and numpy: the Flink job environment imports it too.
+``compute_window`` evaluates a declared feature set over one window's readings: the reference an
+app's training script calls (so training and serving compute the same features) and the Faust job
+runs; ``compute_windows`` is the same for many windows at once (the embedded engine), and
+``band_energies`` the spectral feature for many windows (the Flink job's Python; the rest of its
+features are Flink's built-in aggregates, tested equal in ``tests/integration/test_parity.py``).
+``PartitionWindows`` is the event-time state of one partition, reading by reading: which windows
+are open, the partition's stream time, which windows are closed. The Faust job and the shadow
+comparison keep one per partition and feed it records in partition order; the embedded
+engine's batch twin (``streams.features.batch.BatchWindows``) makes the same decisions a batch at a
+time, so they all emit identical rows. Pure Python and numpy: the Flink job environment imports it too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -65,6 +69,79 @@ def compute_window(fs: FeatureSet, values: np.ndarray, hz: float | None = None) 
     return out
 
 
+def compute_windows(fs: FeatureSet, values: np.ndarray, bounds: np.ndarray, hz: float | None = None) -> np.ndarray:
+    """Features of many windows at once, vectorized across them: the hot path of the embedded engine.
+
+    Window ``i`` holds the readings ``values[bounds[i]:bounds[i + 1]]`` (shape rows × ``len(fs.inputs)``,
+    event-time order, NaN for a missing value, at least one reading each). Returns one row per window,
+    ``fs.feature_names`` in order; each row is ``compute_window`` of its window up to rounding (the sums
+    run in another order: within 1e-12 relative).
+    """
+    values = np.asarray(values, dtype=np.float64).reshape(-1, len(fs.inputs))
+    hz = fs.sample_hz if hz is None else hz
+    bounds = np.asarray(bounds, dtype=np.int64)
+    starts, counts = bounds[:-1], np.diff(bounds)
+    windows = len(counts)
+    segment = np.repeat(np.arange(windows), counts)
+    present = ~np.isnan(values)
+    seen = np.add.reduceat(present.astype(np.float64), starts, axis=0) if windows else np.zeros((0, values.shape[1]))
+    seen_or_one = np.maximum(seen, 1.0)
+    out = np.empty((windows, len(fs.feature_names)))
+    column = 0
+    for agg in fs.aggregations:
+        idx = [fs.inputs.index(i) for i in agg.inputs]
+        if agg.kind == "missing_rate":
+            out[:, column] = 1.0 - seen[:, idx].sum(axis=1) / (counts * len(idx))
+            column += 1
+        elif agg.kind == "stats":
+            sub, seen_sub, any_seen = values[:, idx], seen_or_one[:, idx], seen[:, idx] > 0
+            mask = present[:, idx]
+            zeroed = np.where(mask, sub, 0.0)
+            mean = np.add.reduceat(zeroed, starts, axis=0) / seen_sub
+            deviation = np.where(mask, sub - mean[segment], 0.0)
+            std = np.sqrt(np.add.reduceat(deviation * deviation, starts, axis=0) / seen_sub)
+            low = np.minimum.reduceat(np.where(mask, sub, np.inf), starts, axis=0)
+            high = np.maximum.reduceat(np.where(mask, sub, -np.inf), starts, axis=0)
+            stat = {"mean": mean, "std": std, "min": low, "max": high, "ptp": high - low}
+            for j in range(len(idx)):
+                for name in agg.stats:
+                    out[:, column] = np.where(any_seen[:, j], stat[name][:, j], 0.0)
+                    column += 1
+        else:
+            out[:, column] = _band_energies(values[:, idx[0]], segment, windows, hz, float(agg.cut_hz))
+            column += 1
+    return out
+
+
+def band_energies(times: list[np.ndarray], signals: list[np.ndarray], hz: float, cut_hz: float) -> np.ndarray:
+    """``band_energy`` of many windows at once: window i's ``signals[i]`` (NaN for missing) in the order of its
+    event times ``times[i]`` (a stable sort: arrival order breaks ties), as ``compute_windows`` orders them."""
+    lengths = np.fromiter(map(len, signals), dtype=np.int64, count=len(signals))
+    segment = np.repeat(np.arange(len(signals)), lengths)
+    t = np.concatenate(times) if len(times) else np.zeros(0, dtype=np.int64)
+    x = np.concatenate(signals) if len(signals) else np.zeros(0)
+    order = np.lexsort((np.arange(len(t)), t, segment))
+    return _band_energies(x[order].astype(np.float64), segment, len(signals), hz, cut_hz)
+
+
+def _band_energies(signal: np.ndarray, segment: np.ndarray, windows: int, hz: float, cut_hz: float) -> np.ndarray:
+    """``band_energy`` of each window's signal, one batched FFT per distinct number of present values."""
+    out = np.zeros(windows)
+    present = ~np.isnan(signal)
+    signal, segment = signal[present], segment[present]
+    lengths = np.bincount(segment, minlength=windows)
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    for n in np.unique(lengths[lengths >= 4]).tolist():
+        which = np.flatnonzero(lengths == n)
+        x = signal[offsets[which][:, None] + np.arange(n)]
+        power = np.abs(np.fft.rfft(x - x.mean(axis=1, keepdims=True), axis=1)) ** 2
+        freqs = np.fft.rfftfreq(n, d=1.0 / hz)
+        total = power[:, 1:].sum(axis=1)
+        band = power[:, freqs >= cut_hz].sum(axis=1)
+        out[which] = np.where(total > 1e-12, band / np.where(total > 1e-12, total, 1.0), 0.0)
+    return out
+
+
 @dataclass
 class OpenWindow:
     """Readings of one window not yet emitted, and where the first of them was read."""
@@ -77,48 +154,62 @@ class OpenWindow:
 
 
 @dataclass
-class EntityWindows:
-    """Event-time windows of one entity, closed when its watermark passes end + allowed lateness.
+class PartitionWindows:
+    """Event-time windows of the entities of one partition, closed by the partition's stream time.
 
-    The watermark is the newest event time seen for the entity. A reading whose windows
-    are all closed or already emitted is late: ``add`` says so and changes nothing.
+    The stream time is the newest event time read from the partition, whatever the entity (Kafka
+    Streams' stream time; a Flink Kafka source's per-partition watermark before the allowed
+    lateness). A window ``[start, start + size)`` of any entity closes when it reaches
+    ``end + allowed_lateness``; a reading whose windows are all closed is late: ``add`` says so and
+    changes no window. ``closed_through``: every window ending there or before is closed (what a
+    restart resumes from; what ``close_all`` moves on when the partition goes quiet).
     """
 
     fs: FeatureSet
-    open: dict[int, OpenWindow] = field(default_factory=dict)
-    watermark: int = -1
-    emitted_end: int = -1  # end of the newest window emitted
+    open: dict[tuple[str, int], OpenWindow] = field(default_factory=dict)
+    stream_time: int = -1
+    closed_through: int = -1
 
-    def add(self, ts: int, row: list[float], position: Any = None, handle: Any = None) -> tuple[bool, list[dict]]:
-        """Add one reading. Returns (accepted, rows of the windows this reading closed)."""
+    def add(self, entity: str, ts: int, row: list[float], position: Any = None,
+            handle: Any = None) -> tuple[bool, list[dict]]:
+        """Add one reading. Returns (accepted, rows of the windows it closed, each with its ``entity``)."""
         w = self.fs.window
-        starts = [s for s in w.starts(ts) if s + w.size_ms > self.emitted_end and not self._closed(s)]
+        reach = w.size_ms + w.allowed_lateness_ms
+        stream_time = max(self.stream_time, ts)
+        starts = [s for s in w.starts(ts) if s + reach > stream_time and s + w.size_ms > self.closed_through]
+        self.stream_time = stream_time
         if not starts:
             return False, []
         for start in starts:
-            window = self.open.get(start)
+            window = self.open.get((entity, start))
             if window is None:
-                window = self.open[start] = OpenWindow(start, position)
+                window = self.open[(entity, start)] = OpenWindow(start, position)
             window.ts.append(ts)
             window.rows.append(row)
             window.last = handle
-        if ts > self.watermark:
-            self.watermark = ts
-            return True, self._close_ready()
-        return True, []
+        return True, self._close(lambda start: start + reach <= stream_time)
 
-    def _closed(self, start: int) -> bool:
-        w = self.fs.window
-        return start not in self.open and start + w.size_ms + w.allowed_lateness_ms <= self.watermark
+    def advance(self, ts: int) -> list[dict]:
+        """Move the stream time to ``ts`` without adding a reading (one the state already holds, read again
+        after a restart): the rows of the windows that closes."""
+        reach = self.fs.window.size_ms + self.fs.window.allowed_lateness_ms
+        self.stream_time = max(self.stream_time, ts)
+        return self._close(lambda start: start + reach <= self.stream_time)
 
-    def _close_ready(self) -> list[dict]:
+    def close_all(self) -> list[dict]:
+        """Close every open window (the partition went quiet): its stream time moves past them."""
         w = self.fs.window
-        ready = sorted(s for s in self.open if s + w.size_ms + w.allowed_lateness_ms <= self.watermark)
+        if self.open:
+            last_end = max(start for _, start in self.open) + w.size_ms
+            self.stream_time = max(self.stream_time, last_end + w.allowed_lateness_ms)
+        return self._close(lambda start: True)
+
+    def _close(self, due: Callable[[int], bool]) -> list[dict]:
         rows = []
-        for start in ready:
-            window = self.open.pop(start)
-            rows.append({"start": start, "window": window, **finish(self.fs, window)})
-            self.emitted_end = max(self.emitted_end, start + w.size_ms)
+        for entity, start in sorted(key for key in self.open if due(key[1])):
+            window = self.open.pop((entity, start))
+            rows.append({"entity": entity, "start": start, "window": window, **finish(self.fs, window)})
+            self.closed_through = max(self.closed_through, start + self.fs.window.size_ms)
         return rows
 
 

@@ -1,14 +1,20 @@
 """The embedded feature engine: a ``Processor`` in the one delivery loop (``streams.delivery``).
 
-Event-time windows per entity, as the feature set declares them, closed when the entity's
-watermark (its newest event time) passes the window end plus the allowed lateness.
-Readings for a window already closed are late: counted and sent to the DLQ, never dropped.
+Event-time windows per entity, as the feature set declares them, closed when the stream time of
+their partition (its newest event time, whatever the entity) passes the window end plus the allowed
+lateness — Kafka Streams' stream time, a Flink Kafka source's per-partition watermark — so an entity
+that goes quiet does not hold its windows, nor its partition's committed offset, open. A partition
+that goes quiet has its windows closed after ``idle_partition_s``. Readings for a window already
+closed are late: counted and sent to the DLQ, never dropped.
 
 State and offsets: open windows live in memory; the committed offset of a partition never
 passes the first offset of a window still open there, so a restarted job rebuilds its
-windows by re-reading. Windows already emitted are recognised by the ``window_end`` stored
-with the entity in the online store (written after the broker acknowledged the window,
-before the commit) and are not emitted twice.
+windows by re-reading. How far it got (per partition the offset below which everything was
+processed and acknowledged, and the newest window closed there) is written to
+Redis with the rows, after the broker acknowledged them (``streams.features.progress``): after a
+restart, a reading below that mark either rebuilds a window still open or, its window emitted
+before, is a re-read — counted, never dead-lettered as late — and no window is emitted twice
+except those of a batch acknowledged but not yet recorded when the process died.
 
 The online store is Feast's Redis store (``streams.features.layout``): the newest row of each
 entity under the Feast project named after the topology's ``app`` (so a namespaced copy of the
@@ -19,6 +25,7 @@ serves it and the rules read it (``online_layout``).
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 from confluent_kafka import TopicPartition
@@ -28,11 +35,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from streams.avro import AvroCodec
 from streams.wire import WireFormatError
 from streams.context import BuildContext
-from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
-from streams.features.compute import EntityWindows, output_row
+from streams.delivery import H_EVENT_ID, H_INGEST_MS, Output, Processor, Record, carry_headers, dead_letter
+from streams.features.batch import BatchWindows, Closed
 from streams.errors import TopologyError
 from streams.features.layout import FeastLayout
 from streams.features.online import OnlineWriter
+from streams.features.progress import REREAD, Progress
 from streams.features.shadow import ShadowComparator
 from streams.features.shadow import encode as encode_difference
 from streams.features.spec import FeatureSet, load_feature_set
@@ -41,6 +49,9 @@ from streams.topology import Topology
 log = logging.getLogger("tangram.features")
 
 LATE = Counter("tangram_features_late_records_total", "Readings that arrived after their window closed.", ["processor"])
+IDLE_CLOSED = Counter("tangram_features_idle_closed_windows_total",
+                      "Windows closed because their partition went quiet (idle_partition_s), not by event time.",
+                      ["processor"])
 
 
 class WindowFeaturesSettings(BaseModel):
@@ -52,6 +63,9 @@ class WindowFeaturesSettings(BaseModel):
                                                              "one and compared with it; never served.")
     shadow_topic: str | None = Field(None, description="Where differing shadow rows are sampled (JSON); an output.")
     shadow_sample_every: int = Field(1, ge=1, description="Send one differing row in N to the shadow topic.")
+    idle_partition_s: float = Field(30.0, gt=0, description="A partition that brought no reading for this long has "
+                                                             "its open windows closed and emitted (its stream time "
+                                                             "moves past them); later readings of them are late.")
 
 
 def online_layout(topology: Topology, processor: str = "features") -> FeastLayout:
@@ -69,7 +83,8 @@ class WindowFeatures(Processor):
 
     name = "features"
 
-    def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
+    def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, source_topic: str, output_topic: str,
+                 dlq_topic: str,
                  redis_url: str, settings: WindowFeaturesSettings, feature_set: FeatureSet,
                  shadow_feature_set: FeatureSet | None = None, shadow_topic: str | None = None,
                  project: str = "tangram"):
@@ -81,7 +96,14 @@ class WindowFeatures(Processor):
         self.fs = feature_set
         self.layout = FeastLayout.of(self.fs, project)
         self.store = OnlineWriter(redis_url, self.layout, retry_s=settings.redis_retry_s)
-        self._entities: dict[str, EntityWindows] = {}
+        self.windows = BatchWindows(self.fs, offset=lambda r: r.offset)
+        self.progress = Progress(self.store, source_topic, self.name)
+        self._heard: dict[int, float] = {}  # partition → when a batch last brought a reading of it (monotonic)
+        self._batch_in = input_codec.batch
+        if output_codec.batch is None:
+            raise TopologyError(f"the output schema {output_codec.subject!r} is not a flat record of the feature set's "
+                                "columns: the engine writes it a batch at a time")
+        self._batch_out = output_codec.batch
         self.shadow_topic = shadow_topic
         self.shadow = ShadowComparator(self.fs, shadow_feature_set, self.name) if shadow_feature_set else None
         self._differences = 0
@@ -96,48 +118,128 @@ class WindowFeatures(Processor):
         if len(outputs) != 1:
             raise TopologyError(f"processor {ctx.name!r}: expected one features output besides the shadow topic")
         shadow = settings.shadow_feature_set
-        return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), output_topic=outputs[0],
+        return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), source_topic=source,
+                   output_topic=outputs[0],
                    dlq_topic=ctx.dlq, redis_url=ctx.stack.redis_url, settings=settings,
                    feature_set=load_feature_set(ctx.topology.path(settings.feature_set)),
                    shadow_feature_set=load_feature_set(ctx.topology.path(shadow)) if shadow else None,
                    shadow_topic=settings.shadow_topic, project=ctx.topology.app)
 
     def setup(self) -> None:
+        self.progress.processor = self.name  # the name the topology gave this processor (set after __init__)
         self.store.setup()
 
     def process(self, batch: list[Record]) -> list[Output]:
         outputs: list[Output] = []
-        decoded: list[tuple[Record, dict]] = []
+        columns, records = self._decode(batch, outputs)
+        if not records:
+            return outputs
+        fs, windows = self.fs, self.windows
+        key, ts_field = fs.entity.join_key, fs.source.timestamp_field
+        entities, n = columns[key], len(records)
+        partitions = np.fromiter((r.partition for r in records), dtype=np.int64, count=n)
+        offsets = np.fromiter((r.offset for r in records), dtype=np.int64, count=n)
+        if unknown := windows.unknown(partitions):
+            for partition, closed_through in self.progress.start(unknown).items():
+                windows.start(partition, closed_through)
+        reread = self.progress.reread(partitions, offsets)
+        ts = np.asarray(columns[ts_field], dtype=np.int64)
+        values = np.column_stack([columns[name] for name in fs.inputs])
+        result = windows.add(windows.ids(entities), partitions, ts, values, records, reread)
+        self.progress.advance(partitions, offsets)
+        now = time.monotonic()
+        for partition in np.unique(partitions).tolist():
+            self._heard[partition] = now
+        if again := int(result.reread.sum()):
+            REREAD.labels(self.name).inc(again)
+        for i in np.flatnonzero(result.late).tolist():
+            LATE.labels(self.name).inc()
+            outputs.append(dead_letter(records[i], self.dlq_topic, self.name,
+                                       f"reading at {int(ts[i])} is late: its windows are already closed", "late"))
+        if self.shadow is not None:
+            self._shadow(records, entities, ts, values, outputs)
+        if result.closed:
+            outputs.extend(self._emit(result.closed))
+        outputs.extend(self._close_quiet(now))
+        return outputs
+
+    def idle(self) -> list[Output]:
+        """Nothing was fetched: close the windows of partitions quiet for ``idle_partition_s``."""
+        return self._close_quiet(time.monotonic())
+
+    def _close_quiet(self, now: float) -> list[Output]:
+        """The windows of every partition that brought no reading for ``idle_partition_s``, closed and emitted:
+        a quiet partition holds neither its last windows nor, once it sends again, its committed offset."""
+        closed, outputs = [], []
+        for partition, heard in self._heard.items():
+            if now - heard >= self.settings.idle_partition_s and self.windows.has_open(partition):
+                quiet = self.windows.close_partition(partition)
+                IDLE_CLOSED.labels(self.name).inc(len(quiet))
+                log.info("%s: %s[%d] quiet for %.0fs: %d open windows closed", self.name, self.progress.topic,
+                         partition, now - heard, len(quiet))
+                self.progress.closed(partition)
+                closed += quiet
+                if self.shadow is not None:
+                    differences = self.shadow.close_partition(TopicPartition(self.progress.topic, partition))
+                    outputs += self._sampled(differences, quiet[0].window.last)
+        return (self._emit(closed) if closed else []) + outputs
+
+    def _decode(self, batch: list[Record], outputs: list[Output]) -> tuple[dict, list[Record]]:
+        """The batch's columns (entity, event time, inputs with NaN for null) and the records they came from.
+
+        One call for the whole batch when every value is in the input schema; otherwise record by record,
+        each undecodable value dead-lettered with its reason.
+        """
+        fs = self.fs
+        wanted = (fs.entity.join_key, fs.source.timestamp_field, *fs.inputs)
+        if self._batch_in is not None:
+            columns = self._batch_in.decode([r.value for r in batch], only=wanted, nulls_as_nan=True)
+            if columns is not None:
+                return columns, batch
+        rows, records = [], []
         for record in batch:
             try:
-                decoded.append((record, self.input_codec.decode(record.value)))
+                rows.append(self.input_codec.decode(record.value))
+                records.append(record)
             except WireFormatError as exc:
                 outputs.append(dead_letter(record, self.dlq_topic, self.name, exc, "undecodable"))
-        key, ts_field, inputs = self.fs.entity.join_key, self.fs.source.timestamp_field, self.fs.inputs
-        self._load_emitted({value[key] for _, value in decoded})
-        for record, value in decoded:
-            entity, ts = value[key], value[ts_field]
-            row = [np.nan if value[s] is None else value[s] for s in inputs]
-            position = (TopicPartition(record.topic, record.partition), record.offset)
+        columns = {name: [row[name] for row in rows] for name in wanted[:2]}
+        columns.update({name: np.array([np.nan if row[name] is None else row[name] for row in rows], dtype=np.float64)
+                        for name in fs.inputs})
+        return columns, records
+
+    def _emit(self, closed: list[Closed]) -> list[Output]:
+        """The output records of the windows a batch closed (one batch encode), staged for the online store."""
+        fs = self.fs
+        counts, features = self.windows.features(closed)
+        starts = np.fromiter((c.start for c in closed), dtype=np.int64, count=len(closed))
+        columns = {fs.entity.join_key: [c.entity for c in closed], "window_start": starts,
+                   "window_end": starts + fs.window.size_ms, "count": counts,
+                   **{name: features[:, j] for j, name in enumerate(fs.feature_names)}}
+        encoded = self._batch_out.encode(columns, len(closed))
+        outputs = []
+        names = fs.columns
+        for i, (c, value) in enumerate(zip(closed, encoded)):
+            # the trace of the window's own newest reading; the ingest time of the reading that closed it
+            # (another entity's, perhaps: the stream time is the partition's), where the window's latency starts
+            headers = carry_headers(c.window.last, **{H_EVENT_ID: f"{c.entity}:{c.start}"})
+            if c.closer is not None and H_INGEST_MS in c.closer.headers:
+                headers[H_INGEST_MS] = c.closer.headers[H_INGEST_MS]
+            outputs.append(Output(self.output_topic, c.entity, value, headers))
+            row = dict(zip(names, (c.entity, int(starts[i]), int(starts[i]) + fs.window.size_ms, int(counts[i]),
+                                   *features[i].tolist())))
+            self.store.stage(row)
             if self.shadow is not None:
-                outputs.extend(self._sampled(self.shadow.add(entity, ts, row, position), record))
-            accepted, closed = self._entities[entity].add(ts, row, position, record)
-            if not accepted:
-                LATE.labels(self.name).inc()
-                outputs.append(dead_letter(record, self.dlq_topic, self.name,
-                                           f"reading at {ts} is late: its windows are already closed", "late"))
-                continue
-            for window in closed:
-                out = output_row(self.fs, entity, window)
-                headers = carry_headers(record, **{H_EVENT_ID: f"{entity}:{window['start']}"})
-                last = window["window"].last
-                if H_TRACE_ID not in headers and last is not None:
-                    headers.update(carry_headers(last))
-                outputs.append(Output(self.output_topic, entity, self.output_codec.encode(out), headers))
-                self.store.stage(out)
-                if self.shadow is not None:
-                    outputs.extend(self._sampled(self.shadow.live(entity, out), record))
+                outputs.extend(self._sampled(self.shadow.live(c.entity, row), c.window.last))
         return outputs
+
+    def _shadow(self, records: list[Record], entities: list[str], ts: np.ndarray, values: np.ndarray,
+                outputs: list[Output]) -> None:
+        """Feed the shadow version's windows, reading by reading (only when a shadow version is configured)."""
+        for i, record in enumerate(records):
+            position = (TopicPartition(record.topic, record.partition), record.offset)
+            differences = self.shadow.add(entities[i], int(ts[i]), values[i].tolist(), position)
+            outputs.extend(self._sampled(differences, record))
 
     def _sampled(self, differences: list[dict], record: Record) -> list[Output]:
         """One differing shadow row in ``shadow_sample_every``, as JSON on the shadow topic."""
@@ -149,32 +251,23 @@ class WindowFeatures(Processor):
                                   carry_headers(record)))
         return out
 
-    def _load_emitted(self, entities: set[str]) -> None:
-        """For entities first seen since start, read which windows were already emitted (online store)."""
-        new = [e for e in entities if e not in self._entities]
-        if not new:
-            return
-        for entity, end in zip(new, self.store.emitted_ends(new)):
-            self._entities[entity] = EntityWindows(self.fs, emitted_end=end)
-
     def flush(self) -> None:
-        """Write the emitted windows to the online store (after the broker acknowledged them)."""
-        self.store.flush()
+        """Write the emitted windows to the online store, and how far the engine got, in one command (after the
+        broker acknowledged the batch's outputs)."""
+        self.store.flush((self.progress.key, self.progress.fields(self.windows)))
 
     def committable(self, partition: TopicPartition) -> int | None:
-        firsts = [w.first[1] for state in self._entities.values() for w in state.open.values()
-                  if w.first[0] == partition]
+        firsts = [offset] if (offset := self.windows.first_open_offset(partition.partition)) is not None else []
         if self.shadow is not None:
             firsts += [offset for tp, offset in self.shadow.open_positions() if tp == partition]
         return min(firsts) if firsts else None
 
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
-        """Forget every entity: open windows of kept partitions are rebuilt from the committed offsets."""
-        gone = {(p.topic, p.partition) for p in partitions}
-        for state in self._entities.values():
-            state.open = {s: w for s, w in state.open.items() if (w.first[0].topic, w.first[0].partition) not in gone}
-        kept = {e: s for e, s in self._entities.items() if s.open}
-        self._entities = kept
+        """Forget the entities of revoked partitions: their new owner rebuilds their windows from the committed offsets."""
+        gone = {p.partition for p in partitions}
+        self.windows.forget(gone)
+        self.progress.forget(gone)
+        self._heard = {p: t for p, t in self._heard.items() if p not in gone}
 
     def close(self) -> None:
         self.store.close()

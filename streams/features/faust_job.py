@@ -1,19 +1,28 @@
 """The feature set as a Faust app (faust-streaming): an embedded engine with changelog-backed state.
 
-One agent reads the source topic (Confluent-framed Avro, keyed by entity); the per-entity
-event-time state (``streams.features.compute.EntityWindows``: open windows, watermark, newest
-window emitted) lives in a Faust ``Table`` whose changelog topic
-(``<group>-entity_windows-changelog``) restores it when a worker restarts.
+One agent reads the source topic (Confluent-framed Avro, keyed by entity); the event-time state
+of each partition (``streams.features.compute.PartitionWindows``: open windows of its entities,
+its stream time, what is closed) lives in a Faust ``Table`` whose changelog topic
+(``<group>-entity_windows-changelog``) restores it when a worker restarts: one key per partition for
+its clock (``partition:<p>``: stream time, closed-through, the last offset applied) and one per entity
+with open windows (``open:<p>:<entity>``: its windows and the offset of its last reading added). A
+reading writes its entity's key, the keys of the entities whose windows it closed, then the
+partition's clock, so the changelog carries what changed, not the partition's whole state. The worker
+holds each partition's state in memory between readings and rebuilds it from the table after a
+rebalance. It has no idle-partition timeout: a quiet partition keeps its last windows open until it
+sends again.
 
 Why a plain table and not Faust's ``.tumbling()`` window sets: Faust closes windows on one
 stream-time clock for the whole table and expires them by wall time, while the declared
-semantics close a window when *its entity's* newest event time passes its end plus the
+semantics close a window when *its partition's* newest event time passes its end plus the
 allowed lateness. Keeping the shared state machine in a changelogged table gives identical
 rows to the other engines (``tests/integration/test_parity.py``) and Faust's recovery.
 
 Delivery: a window's output record is acknowledged by the broker before the state that
 says "emitted" is written to the table, and the state remembers the offset of the last
-reading applied, so a reading re-delivered after a crash is not counted twice: outputs may
+reading applied to its partition and of the last added to each entity (a crash between the two keys
+leaves the entity's ahead: its reading, read again, moves the clock only), so a reading re-delivered
+after a crash is not counted twice: outputs may
 repeat (same ``event_id``), never go missing. Late readings go to the DLQ topic. The newest row
 of each entity goes to the online store, Feast's Redis store (``streams.features.layout``), under
 the Feast project ``--project``.
@@ -37,7 +46,7 @@ import faust
 from streams.avro import codec
 from streams.settings import StackSettings
 from streams.wire import WireFormatError
-from streams.features.compute import EntityWindows, OpenWindow, output_row
+from streams.features.compute import OpenWindow, PartitionWindows, output_row
 from streams.features.layout import FeastLayout
 from streams.features.online import OnlineWriter
 from streams.features.spec import load_feature_set
@@ -47,35 +56,54 @@ log = logging.getLogger("tangram.features.faust")
 CARRIED = ("event_id", "trace_id", "ingest_ms")
 
 
-def encode_state(state: EntityWindows, applied: dict[int, int]) -> bytes:
-    """An entity's window state as JSON for the changelog: plain data, so reading it back runs no code.
-
-    (It was a pickle: bytes from a topic that anyone able to write the changelog could turn into
-    code run here.) Header values are bytes, so they travel base64-encoded; NaN (a missing reading)
-    is JSON's ``NaN`` extension, which Python's json reads back.
-    """
-    return json.dumps({
-        "watermark": state.watermark, "emitted_end": state.emitted_end,
-        "applied": {str(p): o for p, o in applied.items()},
-        "open": [{"start": w.start, "ts": w.ts, "rows": w.rows,
-                  "last": {k: base64.b64encode(v).decode() for k, v in (w.last or {}).items() if v is not None}}
-                 for w in state.open.values()],
-    }, separators=(",", ":")).encode()
+def _window_json(w: OpenWindow) -> dict:
+    return {"start": w.start, "ts": w.ts, "rows": w.rows,
+            "last": {k: base64.b64encode(v).decode() for k, v in (w.last or {}).items() if v is not None}}
 
 
-def decode_state(data: bytes, state: EntityWindows) -> dict[int, int]:
-    """Restore ``state`` from :func:`encode_state`'s bytes; returns the last offset applied per partition.
+def encode_meta(state: PartitionWindows, applied: int) -> bytes:
+    """A partition's clock as JSON for the changelog: its stream time, what is closed, the last offset applied."""
+    return json.dumps({"stream_time": state.stream_time, "closed_through": state.closed_through, "applied": applied},
+                      separators=(",", ":")).encode()
 
-    ``ValueError`` (including a JSON error) for bytes that are not such a state.
+
+def decode_meta(data: bytes, state: PartitionWindows) -> int:
+    """Restore ``state``'s clock from :func:`encode_meta`'s bytes; returns the offset of the last reading applied.
+
+    ``ValueError`` (including a JSON error), ``KeyError`` or ``TypeError`` for bytes that are not such a state.
     """
     saved = json.loads(data)
-    state.watermark, state.emitted_end = int(saved["watermark"]), int(saved["emitted_end"])
-    state.open = {}
+    state.stream_time, state.closed_through = int(saved["stream_time"]), int(saved["closed_through"])
+    return int(saved["applied"])
+
+
+def encode_windows(windows: list[OpenWindow], applied: int) -> bytes:
+    """One entity's open windows as JSON for the changelog, with the offset of its last reading added.
+
+    Plain data, so reading it back runs no code (it was a pickle: bytes from a topic that anyone able to
+    write the changelog could turn into code run here). Header values are bytes, so they travel
+    base64-encoded; NaN (a missing reading) is JSON's ``NaN`` extension, which Python's json reads back.
+    """
+    return json.dumps({"applied": applied, "open": [_window_json(w) for w in windows]}, separators=(",", ":")).encode()
+
+
+def decode_windows(data: bytes) -> tuple[int, list[OpenWindow]]:
+    """:func:`encode_windows`'s bytes back: (the offset of the entity's last reading added, its open windows)."""
+    saved = json.loads(data)
+    windows = []
     for w in saved["open"]:
         window = OpenWindow(int(w["start"]), None, [int(t) for t in w["ts"]], [[float(x) for x in r] for r in w["rows"]])
         window.last = {str(k): base64.b64decode(v, validate=True) for k, v in w["last"].items()} or None
-        state.open[window.start] = window
-    return {int(p): int(o) for p, o in saved["applied"].items()}
+        windows.append(window)
+    return int(saved["applied"]), windows
+
+
+def meta_key(partition: int) -> bytes:
+    return b"partition:%d" % partition
+
+
+def open_key(partition: int, entity: str) -> bytes:
+    return b"open:%d:" % partition + entity.encode()
 
 
 def broker_credentials() -> faust.SASLCredentials | None:
@@ -114,40 +142,77 @@ def build_app(args: argparse.Namespace) -> faust.App:
                    "dlq.failed_ms": str(int(time.time() * 1000)).encode()}
         await (await dlq.send(key=event.key, value=event.value, headers=headers))
 
+    #: Each partition's state as this worker holds it between readings: (windows, last offset applied, last
+    #: offset added per entity). Rebuilt from the table after every rebalance (the table is what restores).
+    held: dict[int, tuple[PartitionWindows, int, dict[str, int]]] = {}
+
+    @app.on_partitions_revoked.connect
+    async def _revoked(sender, revoked, **kwargs) -> None:  # noqa: ARG001 - the signal's arguments
+        held.clear()
+
+    @app.on_partitions_assigned.connect
+    async def _assigned(sender, assigned, **kwargs) -> None:  # noqa: ARG001
+        held.clear()
+
+    def restore(partition: int) -> tuple[PartitionWindows, int, dict[str, int]]:
+        """A partition's state from the table: its clock, and each of its entities' open windows."""
+        state, applied, added = PartitionWindows(fs), -1, {}
+        saved = table.get(meta_key(partition))
+        if saved is not None:
+            applied = decode_meta(saved, state)
+        prefix = open_key(partition, "")
+        for key, value in list(table.items()):
+            if value is not None and key.startswith(prefix):
+                entity = key[len(prefix):].decode("utf-8")
+                added[entity], windows = decode_windows(value)
+                for window in windows:
+                    state.open[(entity, window.start)] = window
+        return state, applied, added
+
     @app.agent(source)
     async def windows(stream: faust.StreamT) -> None:
         async for event in stream.events():
             msg = event.message
             entity = event.key.decode("utf-8") if event.key is not None else ""
-            saved = table.get(event.key)
-            state = EntityWindows(fs)
-            applied: dict[int, int] = {}
-            if saved is None:
-                (state.emitted_end,) = store.emitted_ends([entity])
-            else:
-                applied = decode_state(saved, state)
-            if msg.offset <= applied.get(msg.partition, -1):
+            if msg.partition not in held:
+                held[msg.partition] = restore(msg.partition)
+            state, applied, added = held[msg.partition]
+            if msg.offset <= applied:
                 continue  # re-delivered after a restart: already in the state
             try:
                 reading = in_codec.decode(event.value)
             except WireFormatError as exc:
                 await dead_letter(event, "undecodable", str(exc))
                 continue
-            row = [math.nan if reading[s] is None else reading[s] for s in fs.inputs]
-            carried = {k: v for k, v in dict(msg.headers or ()).items() if k in CARRIED}
-            accepted, closed = state.add(reading[fs.source.timestamp_field], row, None, carried)
+            ts = reading[fs.source.timestamp_field]
+            if msg.offset <= added.get(entity, -1):
+                # the entity's windows hold it (a crash came between its key and the partition's): only the clock moves
+                accepted, closed = True, state.advance(ts)
+            else:
+                row = [math.nan if reading[s] is None else reading[s] for s in fs.inputs]
+                carried = {k: v for k, v in dict(msg.headers or ()).items() if k in CARRIED}
+                accepted, closed = state.add(entity, ts, row, None, carried)
+                if accepted:
+                    added[entity] = msg.offset
             if not accepted:
-                await dead_letter(event, "late", f"reading at {reading[fs.source.timestamp_field]} is late: "
-                                                 "its windows are already closed")
+                await dead_letter(event, "late", f"reading at {ts} is late: its windows are already closed")
             for window in closed:
-                out = output_row(fs, entity, window)
-                headers = {**(window["window"].last or {}), **carried, "event_id": f"{entity}:{window['start']}".encode()}
-                await (await output.send(key=event.key, value=out_codec.encode(out), headers=headers))
+                out = output_row(fs, window["entity"], window)
+                headers = {**(window["window"].last or {}), "event_id": f"{window['entity']}:{window['start']}".encode()}
+                await (await output.send(key=window["entity"].encode(), value=out_codec.encode(out), headers=headers))
                 store.stage(out)
             if closed:
                 store.flush()
-            applied = {**applied, msg.partition: msg.offset}
-            table[event.key] = encode_state(state, applied)
+            # only what changed goes to the changelog: the entities whose windows changed, then the partition's clock
+            for name in ({entity} if accepted else set()) | {w["entity"] for w in closed}:
+                mine = [w for (e, _), w in state.open.items() if e == name]
+                if mine:
+                    table[open_key(msg.partition, name)] = encode_windows(mine, added.get(name, -1))
+                else:
+                    added.pop(name, None)
+                    table.pop(open_key(msg.partition, name), None)
+            held[msg.partition] = (state, msg.offset, added)
+            table[meta_key(msg.partition)] = encode_meta(state, msg.offset)
 
     return app
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import mmh3
+import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -117,6 +118,58 @@ for i, key in ipairs(KEYS) do rows[i] = redis.call('HMGET', key, unpack(ARGV)) e
 return rows
 """
 HMGET_MANY_SHA = hashlib.sha1(HMGET_MANY.encode()).hexdigest()
+#: Writes many rows in one command, keeping Feast's newest-wins rule: ``EVALSHA <sha> <keys> key… [progress]
+#: ttl m rows field… (ms value…)… [name value…]`` — for each of the ``rows`` keys, its row's event time in ms
+#: and its ``m`` values; a row is written (``HSET`` of the ``m`` fields, the last being ``_ts``, then
+#: ``EXPIRE`` when ttl > 0) only when the stored ``_ts`` (a ``google.protobuf.Timestamp``: field 1
+#: seconds, field 2 nanos, varints) is older. A key after the rows' is an engine's progress hash: the
+#: name/value pairs after the rows go into it (``HSET``, and the same ``EXPIRE``) in the same script,
+#: so rows and progress are written together or not at all. Returns how many rows were written.
+HSET_NEWER = """
+local function millis(b)
+  local secs, nanos, i = 0, 0, 1
+  while i <= #b do
+    local tag = string.byte(b, i)
+    local v, mul, c = 0, 1, 128
+    i = i + 1
+    while c >= 128 do
+      c = string.byte(b, i)
+      i = i + 1
+      v = v + (c % 128) * mul
+      mul = mul * 128
+    end
+    if tag == 8 then secs = v elseif tag == 16 then nanos = v end
+  end
+  return secs * 1000 + math.floor(nanos / 1000000)
+end
+local ttl, m, rows = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local written = 0
+for i = 1, rows do
+  local key = KEYS[i]
+  local at = 3 + m + (i - 1) * (m + 1)
+  local stored = redis.call('HGET', key, ARGV[3 + m])
+  if (not stored) or millis(stored) < tonumber(ARGV[at + 1]) then
+    local args = {}
+    for j = 1, m do
+      args[2 * j - 1] = ARGV[3 + j]
+      args[2 * j] = ARGV[at + 1 + j]
+    end
+    redis.call('HSET', key, unpack(args))
+    if ttl > 0 then redis.call('EXPIRE', key, ttl) end
+    written = written + 1
+  end
+end
+local progress = KEYS[rows + 1]
+local first = 4 + m + rows * (m + 1)
+if progress and #ARGV >= first then
+  for i = first, #ARGV, 7000 do
+    redis.call('HSET', progress, unpack(ARGV, i, math.min(i + 6999, #ARGV)))
+  end
+  if ttl > 0 then redis.call('EXPIRE', progress, ttl) end
+end
+return written
+"""
+HSET_NEWER_SHA = hashlib.sha1(HSET_NEWER.encode()).hexdigest()
 #: Feast's project names: letters, digits, ``_`` and ``-`` (``feast.repo_operations.is_valid_name``).
 _NOT_NAME = re.compile(r"[^\w-]")
 
@@ -153,6 +206,31 @@ def decode_value(data: bytes | None) -> float | int | str | bool | None:
     message = Value.FromString(data)
     kind = message.WhichOneof("val")
     return None if kind is None else getattr(message, kind)
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf's base-128 varint of a 64-bit integer (a negative one as its two's complement, 10 bytes)."""
+    value &= 0xFFFF_FFFF_FFFF_FFFF
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_INT64_TAG = bytes([(4 << 3) | 0])  # int64_val, varint
+
+
+def _int64_value(value: int) -> bytes:
+    """``encode_value(value, integer=True)`` without the message object (the batch writer's path)."""
+    return _INT64_TAG + _varint(int(value))
+
+
+def _timestamp(epoch_ms: int) -> bytes:
+    """``encode_timestamp`` without the message object: seconds (field 1) and nanos (field 2), zeros omitted."""
+    seconds, millis = divmod(int(epoch_ms), 1000)
+    return (b"\x08" + _varint(seconds) if seconds else b"") + (b"\x10" + _varint(millis * 1_000_000) if millis else b"")
 
 
 def encode_timestamp(epoch_ms: int) -> bytes:
@@ -244,6 +322,27 @@ class FeastLayout:
         mapping = {self.hashes[n]: encode_value(row.get(n), integer=n in integer) for n in self.fields}
         mapping[self.ts_field] = encode_timestamp(self.event_time_ms(row))
         return mapping
+
+    def encode_rows(self, rows: Sequence[Mapping]) -> list[list[bytes]]:
+        """Each row's values for ``read_fields`` (the view's fields, then ``_ts``): the bytes of ``encode_row``,
+        the doubles of all rows encoded at once."""
+        n, k = len(rows), len(self.double_fields)
+        doubles = np.array([[row[f] for f in self.double_fields] for row in rows], dtype="<f8").reshape(n, k)
+        cells = np.empty((n, k, 9), dtype=np.uint8)
+        cells[:, :, 0] = _DOUBLE_TAG
+        cells[:, :, 1:] = doubles.view(np.uint8).reshape(n, k, 8)
+        blob, width = cells.tobytes(), 9 * k
+        out = []
+        for i, row in enumerate(rows):
+            at = i * width
+            values = [_int64_value(row[f]) if row.get(f) is not None else b"" for f in self.int_fields]
+            if any(row.get(f) is None for f in self.double_fields):  # Feast's null: the empty message
+                values += [encode_value(row.get(f), integer=False) for f in self.double_fields]
+            else:
+                values += [blob[a:a + 9] for a in range(at, at + width, 9)]
+            values.append(_timestamp(self.event_time_ms(row)))
+            out.append(values)
+        return out
 
     @cached_property
     def _doubles(self) -> tuple[struct.Struct, list[int], bytes, slice]:

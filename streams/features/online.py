@@ -33,7 +33,14 @@ import redis
 import redis.asyncio
 
 from streams.errors import DeliveryError
-from streams.features.layout import HMGET_MANY, HMGET_MANY_SHA, FeastLayout, decode_timestamp_ns, decode_value
+from streams.features.layout import (
+    HMGET_MANY,
+    HMGET_MANY_SHA,
+    HSET_NEWER,
+    HSET_NEWER_SHA,
+    FeastLayout,
+    decode_value,
+)
 
 log = logging.getLogger("tangram.features.online")
 
@@ -61,47 +68,43 @@ class OnlineWriter:
         if current is None or self.layout.event_time_ms(row) >= self.layout.event_time_ms(current):
             self._pending[entity] = row
 
-    def emitted_ends(self, entities: list[str]) -> list[int]:
-        """The ``window_end`` stored for each entity (-1 when none): its windows up to there were emitted."""
-        field = self.layout.hashes[self.layout.event_time_field]
+    def flush(self, progress: tuple[bytes, dict[bytes, bytes]] | None = None) -> None:
+        """Write the staged rows newer than what Redis holds: one command, Feast's rule checked inside Redis.
 
-        def read() -> list:
-            pipe = self.redis.pipeline(transaction=False)
-            for entity in entities:
-                pipe.hget(self.layout.key(entity), field)
-            return pipe.execute()
-        return [-1 if (end := decode_value(raw)) is None else int(end) for raw in self._retrying("read", read)]
-
-    def flush(self) -> None:
-        """Write the staged rows newer than what Redis holds (two pipelined round trips, as Feast's writer)."""
-        if not self._pending:
+        ``progress``: a hash key and fields written by the same command (an engine's record of how far it
+        got, see ``streams.features.engine``), so that they and the rows land together or not at all.
+        """
+        if not self._pending and not (progress and progress[1]):
             return
         layout = self.layout
         rows = list(self._pending.values())
         keys = [layout.key(row[layout.join_key]) for row in rows]
+        args: list = [layout.key_ttl_s or 0, len(layout.read_fields), len(rows), *layout.read_fields]
+        for row, values in zip(rows, layout.encode_rows(rows)) if rows else ():
+            args.append(layout.event_time_ms(row))
+            args.extend(values)
+        if progress and progress[1]:
+            keys.append(progress[0])
+            for name, value in progress[1].items():
+                args += (name, value)
 
-        def write() -> tuple[int, int]:
-            pipe = self.redis.pipeline(transaction=False)
-            for key in keys:
-                pipe.hget(key, layout.ts_field)
-            stored = pipe.execute()
-            written = skipped = 0
-            for key, row, before in zip(keys, rows, stored):
-                if before is not None and layout.event_time_ms(row) * 1_000_000 <= decode_timestamp_ns(before):
-                    skipped += 1
-                    continue
-                pipe.hset(key, mapping=layout.encode_row(row))
-                if layout.key_ttl_s:
-                    pipe.expire(key, layout.key_ttl_s)
-                written += 1
-            if written:
-                pipe.execute()
-            return written, skipped
+        def write() -> int:
+            try:
+                return int(self.redis.evalsha(HSET_NEWER_SHA, len(keys), *keys, *args))
+            except redis.exceptions.NoScriptError:  # a fresh or restarted Redis: load the script once
+                self.redis.script_load(HSET_NEWER)
+                return int(self.redis.evalsha(HSET_NEWER_SHA, len(keys), *keys, *args))
 
-        written, skipped = self._retrying("write", write)
+        written = self._retrying("write", write)
         self.written += written
-        self.skipped += skipped
+        self.skipped += len(rows) - written
         self._pending.clear()
+
+    def read_hash(self, key: bytes, fields: list[bytes]) -> list[bytes | None]:
+        """``HMGET key fields`` (retried while Redis is down, as writes are)."""
+        if not fields:
+            return []
+        return self._retrying("read", lambda: self.redis.hmget(key, fields))
 
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
         deadline = time.monotonic() + self.retry_s

@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from streams.features.compute import EntityWindows
+from streams.features.compute import PartitionWindows
 from streams.features.spec import FeatureSet
 
 SHADOW_ROWS = Counter("tangram_features_shadow_rows_total", "Shadow feature-set windows compared with the live ones.",
@@ -36,19 +36,29 @@ class ShadowComparator:
         self.rel_tol = rel_tol
         self.keep = keep
         self.common = [f for f in shadow.feature_names if f in live.feature_names]
-        self.entities: dict[str, EntityWindows] = {}
+        self.partitions: dict[Any, PartitionWindows] = {}
         self._live: OrderedDict[Key, dict] = OrderedDict()
         self._shadow: OrderedDict[Key, dict] = OrderedDict()
 
     def add(self, entity: str, ts: int, row: list[float], position: Any) -> list[dict]:
-        """Feed one reading; returns the differences of the windows that can now be compared."""
-        state = self.entities.get(entity)
+        """Feed one reading (``position``: its (TopicPartition, offset)); returns the differences of the windows
+        that can now be compared."""
+        partition = position[0]
+        state = self.partitions.get(partition)
         if state is None:
-            state = self.entities[entity] = EntityWindows(self.fs)
-        _, closed = state.add(ts, row, position)
+            state = self.partitions[partition] = PartitionWindows(self.fs)
+        _, closed = state.add(entity, ts, row, position)
+        return self._paired(closed)
+
+    def close_partition(self, partition: Any) -> list[dict]:
+        """The live engine closed ``partition``'s windows (it went quiet): the shadow version's close too."""
+        state = self.partitions.get(partition)
+        return self._paired(state.close_all()) if state is not None else []
+
+    def _paired(self, closed: list[dict]) -> list[dict]:
         out = []
         for window in closed:
-            key = (entity, window["window_start"], window["window_end"])
+            key = (window["entity"], window["window_start"], window["window_end"])
             out.extend(self._pair(key, shadow=window))
         return out
 
@@ -57,7 +67,7 @@ class ShadowComparator:
         return self._pair((entity, row["window_start"], row["window_end"]), live=row)
 
     def open_positions(self) -> list[Any]:
-        return [w.first for state in self.entities.values() for w in state.open.values()]
+        return [w.first for state in self.partitions.values() for w in state.open.values()]
 
     def _pair(self, key: Key, live: dict | None = None, shadow: dict | None = None) -> list[dict]:
         mine, other = (self._live, self._shadow) if live is not None else (self._shadow, self._live)

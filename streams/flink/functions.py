@@ -1,100 +1,68 @@
-"""The Flink operators of the feature job, in their own module so workers import them by name.
+"""The Python functions of the Flink feature job, vectorized: each call gets a whole Arrow batch of windows.
 
-``WindowFunction`` runs the shared per-entity state machine
-(``streams.features.compute.EntityWindows``) in a ``KeyedProcessFunction`` keyed by the Kafka
-key; the entity's state lives in Flink keyed state, so checkpoints carry it. Late and
-undecodable readings go to the ``LATE`` side output with their original bytes and the reason.
-Given a Redis URL, it also writes the newest row of each entity to the online store, Feast's
-Redis layout (``streams.features.layout``), as the other engines do: after the windows of an element
-closed, before their rows reach the Kafka sink; a job restored from a checkpoint recomputes and
-rewrites them (Feast's rule keeps the newest ``window_end``, so the rewrite changes nothing).
+Only what Flink lacks runs here (``streams.flink.job`` does the rest in the JVM):
+
+- ``band_energy_function``: the share of a window's spectral energy at or above the cut, from the
+  window's event times and values that ``ARRAY_AGG`` collected; the batch's windows go through
+  ``streams.features.compute.band_energies`` (one batched FFT per window length), the code the embedded
+  engine runs;
+- ``online_store_function``: writes the batch's rows to the online store, Feast's Redis layout
+  (``streams.features.online.OnlineWriter``: one command per batch, Feast's newest-wins rule inside
+  Redis, so the rewrite of a window after a restore from a checkpoint changes nothing); returns the
+  window's reading count unchanged, so the sink's rows carry it through.
 """
 
 from __future__ import annotations
 
-import time
+import numpy as np
+import pandas as pd
+from pyflink.table import DataTypes
+from pyflink.table.udf import ScalarFunction, udf
 
-from pyflink.common import Row, Types
-from pyflink.datastream import KeyedProcessFunction, OutputTag, RuntimeContext
-from pyflink.datastream.state import ValueStateDescriptor
-
-from streams.errors import SchemaError
-from streams.features.compute import EntityWindows, output_row
-from streams.features.spec import FeatureSet, load_feature_set
-from streams.wire import RegistryREST, WireCodec
-
-CARRIED = ("event_id", "trace_id", "ingest_ms")
-BYTES = Types.PRIMITIVE_ARRAY(Types.BYTE())
-#: One Kafka record as the job sees it: key (the entity), value bytes, headers.
-RECORD = Types.ROW_NAMED(["k", "v", "headers"], [Types.STRING(), BYTES, Types.MAP(Types.STRING(), BYTES)])
-LATE = OutputTag("late", RECORD)
+from streams.features.compute import band_energies
+from streams.features.spec import FeatureSet
 
 
-class WindowFunction(KeyedProcessFunction):
-    """Raw Kafka records of one entity → output rows of the windows they close; late ones → side output."""
+def band_energy_function(hz: float, cut_hz: float):
+    """A pandas UDF ``(ARRAY<BIGINT> times, ARRAY<DOUBLE> values) -> DOUBLE``, one value per window."""
 
-    def __init__(self, feature_set: str, registry_url: str, source_subject: str, output_subject: str,
-                 source_topic: str, redis_url: str | None = None, project: str | None = None):
-        self.feature_set, self.registry_url = feature_set, registry_url
-        self.source_subject, self.output_subject, self.source_topic = source_subject, output_subject, source_topic
-        self.redis_url, self.project = redis_url, project
+    def band_energy(times: pd.Series, values: pd.Series) -> pd.Series:
+        t = [np.asarray(x, dtype=np.int64) for x in times]
+        v = [np.asarray(x, dtype=np.float64) for x in values]  # a null value (missing) becomes NaN
+        return pd.Series(band_energies(t, v, hz, cut_hz))
 
-    def open(self, ctx: RuntimeContext) -> None:
-        self.fs: FeatureSet = load_feature_set(self.feature_set)
-        registry = RegistryREST(self.registry_url)
-        # the contracts as `tangram apply` registered them from the app: the job needs no schema files
-        self.source = WireCodec(registry, self.source_subject)
-        self.output = WireCodec(registry, self.output_subject)
-        self.state = ctx.get_state(ValueStateDescriptor("entity", Types.PICKLED_BYTE_ARRAY()))
-        self.store = None
-        if self.redis_url:
-            from streams.features.layout import FeastLayout
-            from streams.features.online import OnlineWriter
+    return udf(band_energy, result_type=DataTypes.DOUBLE(), func_type="pandas")
 
-            if not self.project:
-                raise ValueError("the online store needs its Feast project (--project)")
-            self.store = OnlineWriter(self.redis_url, FeastLayout.of(self.fs, self.project))
-            self.store.setup()
+
+class _OnlineStore(ScalarFunction):
+    """Writes each batch of window rows to Feast's Redis layout; returns the counts unchanged."""
+
+    def __init__(self, fs: FeatureSet, redis_url: str, project: str):
+        self.fs, self.redis_url, self.project = fs, redis_url, project  # the declaration travels with the function
+
+    def open(self, function_context) -> None:
+        from streams.features.layout import FeastLayout
+        from streams.features.online import OnlineWriter
+
+        self.store = OnlineWriter(self.redis_url, FeastLayout.of(self.fs, self.project))
+        self.store.setup()
+
+    def eval(self, entity: pd.Series, start: pd.Series, end: pd.Series, count: pd.Series, *features: pd.Series):
+        names = self.fs.feature_names
+        for i in range(len(entity)):
+            self.store.stage({self.fs.entity.join_key: entity.iat[i], "window_start": int(start.iat[i]),
+                              "window_end": int(end.iat[i]), "count": int(count.iat[i]),
+                              **{name: float(column.iat[i]) for name, column in zip(names, features)}})
+        self.store.flush()
+        return count
 
     def close(self) -> None:
-        if getattr(self, "store", None) is not None:
-            self.store.close()
+        self.store.close()
 
-    def process_element(self, value: Row, ctx: KeyedProcessFunction.Context):
-        headers = dict(value.headers or {})
-        try:
-            reading = self.source.decode(bytes(value.v))
-        except SchemaError as exc:  # undecodable: dead letter, never dropped
-            yield LATE, _dead_letter(value, headers, "undecodable", str(exc), self.source_topic)
-            return
-        fs = self.fs
-        saved = self.state.value()
-        windows = EntityWindows(fs)
-        if saved is not None:
-            windows.watermark, windows.emitted_end, windows.open = saved
-        entity = reading[fs.entity.join_key]
-        ts = reading[fs.source.timestamp_field]
-        row = [float("nan") if reading[s] is None else float(reading[s]) for s in fs.inputs]
-        carried = {k: v for k, v in headers.items() if k in CARRIED}
-        accepted, closed = windows.add(ts, row, None, carried)
-        self.state.update((windows.watermark, windows.emitted_end, windows.open))
-        if not accepted:
-            yield LATE, _dead_letter(value, headers, "late", f"reading at {ts} is late: its windows are already closed",
-                                     self.source_topic)
-            return
-        rows = [output_row(fs, entity, window) for window in closed]
-        if rows and self.store is not None:
-            for row in rows:
-                self.store.stage(row)
-            self.store.flush()
-        for window, row in zip(closed, rows):
-            out_headers = {**(window["window"].last or {}), **carried, "event_id": f"{entity}:{window['start']}".encode()}
-            yield Row(k=entity, v=self.output.encode(row), headers=out_headers)
+    def is_deterministic(self) -> bool:
+        return False  # a side effect: never folded, reused or dropped by the planner
 
 
-def _dead_letter(value: Row, headers: dict, reason: str, message: str, source_topic: str) -> Row:
-    extra = {"dlq.stage": "features-flink", "dlq.reason": reason, "dlq.error_class": "Rejected",
-             "dlq.error_message": message[:1000], "dlq.source_topic": source_topic,
-             "dlq.failed_ms": str(int(time.time() * 1000))}
-    return Row(k=value.k, v=value.v, headers={**headers, **{k: v.encode() for k, v in extra.items()}})
-
+def online_store_function(fs: FeatureSet, redis_url: str, project: str):
+    """A pandas UDF ``(key, window_start ms, window_end ms, count, features...) -> count`` writing the online store."""
+    return udf(_OnlineStore(fs, redis_url, project), result_type=DataTypes.BIGINT(), func_type="pandas")

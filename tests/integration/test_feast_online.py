@@ -69,12 +69,12 @@ def test_feast_reads_what_the_embedded_engine_wrote(stack, tmp_path):
 
     # 2. The embedded engine computes windows of recorded telemetry and writes the online store.
     readings = recorded_readings(6, 16.0, seed=11)
-    expected, _ = expected_windows(readings, FEATURE_SET)
+    expected, _ = expected_windows(readings, FEATURE_SET, 3)
     source, output = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window"
     in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
     out_codec = codec(stack.registry_url, "pm.features.device_window-value",
                       load_schema("pm.features.device_window-value"))
-    produce_records(stack.kafka, source, in_codec, readings, key="device_id")
+    produce_records(stack.kafka, source, in_codec, readings, key="device_id", partitions=3)
     runner = make_runner(topology, "features", stack)
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()

@@ -3,7 +3,7 @@
 - rows written by ``OnlineWriter`` land in Feast's layout (one hash per entity and project, the
   view's fields and ``_ts``, the key TTL) and read back equal through ``read_online_features``;
 - an older or equal row is skipped (Feast's newest-wins rule), a newer one replaces;
-- ``emitted_ends`` reads each entity's stored ``window_end`` (-1 when none);
+- the engine's progress hash is written by the same command as the rows;
 - two projects do not see each other's rows;
 - ``OnlineLookup`` coalesces concurrent lookups into shared round trips, caps the keys of one
   command, returns what the synchronous read returns, and reloads its script after SCRIPT FLUSH.
@@ -46,14 +46,13 @@ def test_writer_writes_feasts_layout_and_keeps_the_newest_row(stack):
     client = redis.Redis.from_url(stack.redis_url)
     try:
         writer.setup()
-        assert writer.emitted_ends(["a", "b"]) == [-1, -1]
         a1, a2, b1 = _row("a", 10_000, rng), _row("a", 15_000, rng), _row("b", 10_000, rng)
         for row in (a2, a1, b1):  # a's older window staged after its newer one: the newer is kept
             writer.stage(row)
         writer.flush()
         assert writer.written == 2 and writer.skipped == 0
         assert read_online_features(client, ["a", "b", "unknown"], layout) == [_served(a2), _served(b1), {}]
-        assert writer.emitted_ends(["a", "b", "c"]) == [15_000, 10_000, -1]
+        assert writer.read_hash(b"progress-" + layout.project.encode(), [b"p:t:0"]) == [None]
 
         # the Redis hash is Feast's: the view's fields and _ts, nothing else, with the key TTL
         raw = client.hgetall(layout.key("a"))
@@ -66,8 +65,10 @@ def test_writer_writes_feasts_layout_and_keeps_the_newest_row(stack):
         writer.stage(b2)
         writer.flush()
         writer.stage(a_same)
-        writer.flush()
+        writer.flush((b"progress-" + layout.project.encode(), {b"p:t:0": b"17 5000"}))
         assert writer.skipped == 2 and writer.written == 3
+        assert writer.read_hash(b"progress-" + layout.project.encode(), [b"p:t:0", b"p:t:1"]) == [b"17 5000", None]
+        assert 0 < client.ttl(b"progress-" + layout.project.encode()) <= FEATURE_SET.online.ttl_s
         assert read_online_features(client, ["a", "b"], layout) == [_served(a2), _served(b2)]
 
         # another project is another namespace

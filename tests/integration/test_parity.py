@@ -1,6 +1,13 @@
 """Training/serving parity across engines: the same recorded input through the embedded engine, the
-Faust job and the PyFlink job (local mini-cluster) yields identical rows — same keys, same window
-bounds and counts, values equal within 1e-9 relative — and the same late readings in the DLQ."""
+Faust job and the Flink SQL job (local mini-cluster, bounded) yields identical rows — same keys, same
+window bounds and counts, values equal within 1e-9 relative — and the same late readings in the DLQ.
+The stream ends: the embedded engine closes the last windows when its partitions go quiet, the bounded
+Flink job at the end of its input; the Faust job (no idle timeout) is compared on the windows the
+stream's own time closed.
+
+The recording has disorder, stragglers, late readings, dropped values and two devices with skewed
+clocks; every engine closes windows by the stream time of their partition, so the skew decides the
+same late readings everywhere."""
 
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ from streams.testing import (
     create_topics,
     diff_rows,
     expected_windows,
+    partition_of,
     produce_records,
     read_rows,
 )
@@ -43,20 +51,37 @@ pytestmark = pytest.mark.integration
 FEATURE_SET_FILE = PM / "features" / "device_window.yaml"
 
 
+PARTITIONS = 3
+#: Two devices with skewed clocks, in different partitions: one 3 s ahead (it moves its partition's stream
+#: time on, so the other devices there see their windows close earlier) and one 3 s behind (the last 2 s
+#: of each of its windows arrive after the partition's time passed them: late).
+SKEW_MS = {"dev-00003": 3000, "dev-00004": -3000}
+
+
+def _skewed(reading: dict) -> dict:
+    return {**reading, "ts": reading["ts"] + SKEW_MS.get(reading["device_id"], 0)}
+
+
 @pytest.fixture(scope="module")
 def recorded(stack, tmp_path_factory):
     """An isolated topology with 20 devices × 30 s of disordered telemetry on its ingest topic."""
     tmp = tmp_path_factory.mktemp("parity")
     path, prefix = isolated_topology(tmp)
+    # the stream ends: once quiet for 2 s the embedded engine closes every window, as a bounded Flink job
+    # does at the end of its input
+    path.write_text(path.read_text().replace("feature_set: features/device_window.yaml\n",
+                                             "feature_set: features/device_window.yaml\n      idle_partition_s: 2\n", 1))
     topology = load_topology(path)
     apply(topology, stack)
     source = f"{prefix}.ingest.telemetry"
     in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
     out_codec = codec(stack.registry_url, "pm.features.device_window-value", load_schema("pm.features.device_window-value"))
-    readings = recorded_readings(20, 30.0)
-    produce_records(stack.kafka, source, in_codec, readings, key="device_id")
+    readings = [_skewed(r) for r in recorded_readings(20, 30.0)]
+    produce_records(stack.kafka, source, in_codec, readings, key="device_id", partitions=PARTITIONS)
     return {"tmp": tmp, "path": path, "prefix": prefix, "topology": topology, "source": source,
-            "readings": readings, "out_codec": out_codec}
+            "readings": readings, "out_codec": out_codec,
+            "closed": expected_windows(readings, FEATURE_SET, PARTITIONS),  # by the stream's own time
+            "all": expected_windows(readings, FEATURE_SET, PARTITIONS, quiet=True)}  # and at its end
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +91,7 @@ def embedded_rows(stack, recorded):
     thread.start()
     try:
         rows = read_rows(stack.kafka, f"{recorded['prefix']}.features.device_window",
-                         recorded["out_codec"], idle_s=4.0)
+                         recorded["out_codec"], count=len(recorded["all"][0]), idle_s=10.0)
     finally:
         runner.stop()
         thread.join(30)
@@ -82,7 +107,7 @@ def flink_rows(stack, recorded):
     argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE), dlq=dlq, group=f"{prefix}.features-flink",
                     source=recorded["source"], output=output,
                     bounded=True, online_project=f"{prefix}-flink")
-    run_job(argv, timeout_s=300, log_path=Path(recorded["tmp"]) / "flink.log")
+    run_job(argv, timeout_s=300, log_path=Path(recorded["tmp"]) / "flink.log", settings=stack)
     rows = read_rows(stack.kafka, output, recorded["out_codec"], idle_s=1.0)
     return by_window(rows, key="device_id"), count_records(stack.kafka, dlq)
 
@@ -100,8 +125,9 @@ def faust_rows(stack, recorded, embedded_rows):
         worker = subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + 120
-            want = len(embedded_rows[0])
-            while count_records(stack.kafka, output) < want and time.monotonic() < deadline:
+            want, want_late = len(recorded["closed"][0]), embedded_rows[1]
+            while (count_records(stack.kafka, output) < want
+                   or count_records(stack.kafka, dlq) < want_late) and time.monotonic() < deadline:
                 assert worker.poll() is None, (Path(recorded["tmp"]) / "faust.log").read_text()[-3000:]
                 time.sleep(0.5)
             rows = read_rows(stack.kafka, output, recorded["out_codec"], idle_s=2.0)
@@ -111,24 +137,28 @@ def faust_rows(stack, recorded, embedded_rows):
     return by_window(rows, key="device_id"), count_records(stack.kafka, dlq)
 
 
-def test_embedded_engine_matches_a_numpy_reference_with_disorder_and_late_readings(recorded, embedded_rows):
+def test_embedded_engine_matches_a_numpy_reference_with_disorder_skew_and_late_readings(recorded, embedded_rows):
     rows, late = embedded_rows
-    expected, expected_late = expected_windows(recorded["readings"], FEATURE_SET)
-    assert len(rows) == 20 * 5
+    expected, expected_late = recorded["all"]
+    assert len(rows) == len(expected) > len(recorded["closed"][0]) >= 20 * 4
     assert diff_rows(expected, rows) == []
-    assert late == expected_late >= sum(1 for r in recorded["readings"] if "-l" in r["event_id"]) > 0
+    assert late == expected_late > sum(1 for r in recorded["readings"] if "-l" in r["event_id"]) > 0
+    assert partition_of("dev-00003", PARTITIONS) != partition_of("dev-00004", PARTITIONS)
+    assert any(device == "dev-00004" for device, _ in rows)  # the lagging device still has windows
 
 
-def test_flink_job_rows_equal_the_embedded_engine_rows(embedded_rows, flink_rows):
+def test_flink_job_rows_equal_the_embedded_engine_rows(recorded, embedded_rows, flink_rows):
     (embedded, embedded_late), (flink, flink_late) = embedded_rows, flink_rows
-    assert len(embedded) == 100
+    assert len(embedded) == len(recorded["all"][0])
     assert diff_rows(embedded, flink, rel=1e-9) == []
     assert flink_late == embedded_late > 0
 
 
-def test_faust_job_rows_equal_the_embedded_engine_rows(embedded_rows, faust_rows):
+def test_faust_job_rows_equal_the_embedded_engine_rows(recorded, embedded_rows, faust_rows):
     (embedded, embedded_late), (faust, faust_late) = embedded_rows, faust_rows
-    assert diff_rows(embedded, faust, rel=1e-9) == []
+    # the Faust job has no idle timeout: it emits the windows the stream's own time closed
+    closed = {key: row for key, row in embedded.items() if key in recorded["closed"][0]}
+    assert diff_rows(closed, faust, rel=1e-9) == []
     assert faust_late == embedded_late > 0
 
 
@@ -153,3 +183,21 @@ def test_every_engine_writes_its_newest_rows_to_feasts_online_store(stack, recor
         expected = {k: v for k, v in newest[device].items() if k != "device_id"}
         assert served.keys() == expected.keys(), device
         assert all(served[k] == v or (math.isnan(served[k]) and math.isnan(v)) for k, v in expected.items()), device
+
+
+def test_flink_dead_letters_carry_the_original_bytes_and_the_reason(stack, recorded, embedded_rows, flink_rows):
+    """The Flink job's DLQ holds the same readings as the embedded engine's: the original bytes, reason late,
+    the source position in the headers."""
+    prefix = recorded["prefix"]
+
+    def letters(topic: str) -> dict[tuple[bytes, bytes], tuple[bytes, bytes]]:
+        out = {}
+        for message in read_rows(stack.kafka, topic, None, idle_s=2.0):
+            headers = dict(message.headers())
+            out[(headers["dlq.source_partition"], headers["dlq.source_offset"])] = (message.value(),
+                                                                                  headers["dlq.reason"])
+        return out
+
+    embedded, flink = letters(f"{prefix}.dlq.features"), letters(f"{prefix}.dlq.features_flink")
+    assert len(embedded) == embedded_rows[1] > 0
+    assert flink == embedded

@@ -10,7 +10,8 @@ import pytest
 
 from pm_app import FEATURE_SET
 from reference import REPO
-from streams.features.compute import EntityWindows
+from streams.features.compute import PartitionWindows
+from streams.testing import partition_of
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -21,11 +22,12 @@ from readme_table import BEGIN, END, render, write  # noqa: E402
 @pytest.mark.parametrize(("readings", "devices"), [(10_003, 20), (4_000, 7), (999, 10)])
 def test_the_windows_a_catch_up_run_waits_for_are_those_the_engine_closes(readings, devices):
     history = History(fleet(devices), readings, end_ms=1_700_000_123_456)
-    states: dict[str, EntityWindows] = {}
+    states: dict[int, PartitionWindows] = {}
     closed = sent = 0
     for key, value in history.records():
         reading = json.loads(value)
-        _, rows = states.setdefault(key, EntityWindows(FEATURE_SET)).add(reading["ts"], [0.0] * 5)
+        state = states.setdefault(partition_of(key, 3), PartitionWindows(FEATURE_SET))
+        _, rows = state.add(key, reading["ts"], [0.0] * 5)
         closed += len(rows)
         sent += 1
     assert sent == readings

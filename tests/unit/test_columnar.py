@@ -172,3 +172,33 @@ def test_small_batches_go_record_by_record_with_the_same_bytes():
     assert reader.decode(values) is not None
     with pytest.raises(ValueError):
         BatchCodec(SCHEMA, HEADER, small_batch=8)
+
+
+def test_decode_of_chosen_fields_with_nulls_as_nan():
+    """The numeric stages' path: only the fields asked for, nullable doubles as float arrays with NaN."""
+    schema = load_schema("pm.ingest.telemetry-value")
+    sensors = ("temperature", "vibration", "current", "pressure", "rpm")
+    records = [{"event_id": f"e-{i}-" + "é" * (i % 2), "device_id": f"dev-{i % 5}", "ts": 1_800_000_000_000 + i,
+                **{s: None if (i + j) % 7 == 0 else i * 0.5 + j for j, s in enumerate(sensors)}} for i in range(64)]
+    values = [fastavro_bytes(schema, r) for r in records]
+    codec = BatchCodec(schema, HEADER)
+    decoded = codec.decode(values, only=("device_id", "ts", *sensors), nulls_as_nan=True)
+    assert list(decoded) == ["device_id", "ts", *sensors]
+    assert decoded["device_id"] == [r["device_id"] for r in records] and decoded["ts"].tolist() == [r["ts"] for r in records]
+    for s in sensors:
+        expected = np.array([np.nan if r[s] is None else r[s] for r in records])
+        assert decoded[s].dtype == np.float64 and np.array_equal(decoded[s], expected, equal_nan=True), s
+    full = [r for r in records if None not in r.values()]  # no null anywhere: the five read in one gather
+    decoded = codec.decode([fastavro_bytes(schema, r) for r in full], nulls_as_nan=True)
+    assert decoded["rpm"].tolist() == [r["rpm"] for r in full] and decoded["event_id"] == [r["event_id"] for r in full]
+
+
+def test_a_skipped_string_is_still_proven_utf8():
+    schema = load_schema("pm.ingest.telemetry-value")
+    record = {"event_id": "ab", "device_id": "dev-1", "ts": 1, "temperature": 1.0, "vibration": None, "current": 2.0,
+              "pressure": 3.0, "rpm": 4.0}
+    good = fastavro_bytes(schema, record)
+    bad = good.replace(b"ab", b"\xff\xfe", 1)
+    codec = BatchCodec(schema, HEADER)
+    assert codec.decode([good, good], only=("device_id",))["device_id"] == ["dev-1", "dev-1"]
+    assert codec.decode([good, bad], only=("device_id",)) is None

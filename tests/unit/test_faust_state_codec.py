@@ -8,8 +8,8 @@ import pickle
 import pytest
 
 from reference import PM
-from streams.features.compute import EntityWindows
-from streams.features.faust_job import decode_state, encode_state
+from streams.features.compute import PartitionWindows
+from streams.features.faust_job import decode_meta, decode_windows, encode_meta, encode_windows
 from streams.features.spec import load_feature_set
 
 FEATURE_SET = PM / "features" / "device_window.yaml"
@@ -17,19 +17,32 @@ FEATURE_SET = PM / "features" / "device_window.yaml"
 
 def test_the_state_round_trips_with_missing_readings_and_header_bytes() -> None:
     fs = load_feature_set(FEATURE_SET)
-    state = EntityWindows(fs)
+    state = PartitionWindows(fs)
     row = [math.nan if i == 1 else float(i) for i in range(len(fs.inputs))]
-    state.add(1_000, row, None, {"event_id": b"e-1", "trace_id": b"\x00\xffbinary"})
-    state.add(1_500, row, None, {})
-    encoded = encode_state(state, {0: 41, 2: 7})
-    restored = EntityWindows(fs)
-    assert decode_state(encoded, restored) == {0: 41, 2: 7}
-    assert (restored.watermark, restored.emitted_end) == (state.watermark, state.emitted_end)
-    assert restored.open.keys() == state.open.keys()
-    for start, window in state.open.items():
-        again = restored.open[start]
-        assert again.ts == window.ts and again.last == (window.last or None)
-        assert all(math.isnan(a) and math.isnan(b) or a == b for r, s in zip(window.rows, again.rows) for a, b in zip(r, s))
+    state.add("dev-1", 1_000, row, None, {"event_id": b"e-1", "trace_id": b"\x00\xffbinary"})
+    state.add("dev-2", 1_500, row, None, {})
+    state.add("dev-1", 1_700, row, None, None)
+    restored = PartitionWindows(fs)
+    assert decode_meta(encode_meta(state, 41), restored) == 41
+    assert (restored.stream_time, restored.closed_through) == (state.stream_time, state.closed_through)
+    for entity in ("dev-1", "dev-2"):
+        mine = [w for (e, _), w in state.open.items() if e == entity]
+        added, again = decode_windows(encode_windows(mine, 7))
+        assert added == 7 and [w.start for w in again] == [w.start for w in mine] and mine
+        for window, back in zip(mine, again, strict=True):
+            assert back.ts == window.ts and back.last == (window.last or None)
+            assert all(math.isnan(a) and math.isnan(b) or a == b
+                       for r, s in zip(window.rows, back.rows) for a, b in zip(r, s))
+
+
+def test_a_reading_read_again_moves_the_clock_only() -> None:
+    fs = load_feature_set(FEATURE_SET)
+    state = PartitionWindows(fs)
+    state.add("dev-1", 1_000, [1.0] * len(fs.inputs))
+    reach = fs.window.size_ms + fs.window.allowed_lateness_ms
+    assert state.advance(500) == [] and state.stream_time == 1_000
+    closed = state.advance(1_000 - 1_000 % fs.window.hop_ms + reach)
+    assert [(w["entity"], w["count"]) for w in closed] == [("dev-1", 1)] * len(closed) and closed
 
 
 class Boom:
@@ -37,8 +50,10 @@ class Boom:
         return (pytest.fail, ("the changelog ran code from a record",))
 
 
-@pytest.mark.parametrize("hostile", [pickle.dumps(Boom()), b"", b"{}", b'{"watermark": "x"}', b"\x80\x04K\x01.",
-                                     b'{"watermark": 1, "emitted_end": 0, "applied": {}, "open": [{"start": 0}]}'])
+@pytest.mark.parametrize("hostile", [pickle.dumps(Boom()), b"", b"{}", b'{"stream_time": "x"}', b"\x80\x04K\x01.",
+                                     b'{"applied": 3, "open": [{"start": 0}]}'])
 def test_bytes_that_are_not_a_state_are_refused_and_run_nothing(hostile: bytes) -> None:
     with pytest.raises((ValueError, KeyError, TypeError)):
-        decode_state(hostile, EntityWindows(load_feature_set(FEATURE_SET)))
+        decode_meta(hostile, PartitionWindows(load_feature_set(FEATURE_SET)))
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        decode_windows(hostile)

@@ -117,3 +117,16 @@ def test_a_used_layout_pickles_to_an_equal_one():
 def test_project_names_follow_feasts_rule(project):
     with pytest.raises(ValueError, match="Feast project"):
         FeastLayout.of(FEATURE_SET, project)
+
+
+def test_rows_encoded_a_batch_at_a_time_are_the_bytes_of_encode_row():
+    layout = FeastLayout.of(FEATURE_SET, "pm")
+    rng = random.Random(8)
+    rows = [{"device_id": f"dev-{i}", "window_start": 1_795_000_000_000 + 5000 * i - i % 3,
+             "window_end": 1_795_000_005_000 + 5000 * i + i % 1000, "count": i - 3,
+             **{n: rng.gauss(0, 10 ** rng.randint(-3, 6)) for n in FEATURE_SET.feature_names}} for i in range(40)]
+    rows[5]["rpm_mean"] = None
+    rows[6]["window_end"] = 0  # an epoch time of zero: Timestamp's fields both omitted
+    for row, values in zip(rows, layout.encode_rows(rows), strict=True):
+        mapping = layout.encode_row(row)
+        assert values == [mapping[f] for f in layout.read_fields], row["device_id"]

@@ -2,7 +2,9 @@ import numpy as np
 import pytest
 
 from pm_app import FEATURE_NAMES, FEATURE_SET, feature_vector, window_features
-from streams.features import EntityWindows, band_energy
+from streams.features import PartitionWindows, band_energy
+from streams.features.batch import BatchWindows
+from streams.features.compute import compute_windows
 from streams.features.spec import FeatureSet
 from pm_app.simulator import SENSORS, Device, Fleet, windows_for_training
 
@@ -64,7 +66,7 @@ def test_training_windows_are_labelled_from_the_ground_truth():
         assert label == "healthy" or label == fault
 
 
-# -- the shared event-time state machine (every engine runs it) ------------------------------
+# -- the shared event-time state machine (every engine runs it, or its batch twin) --------------
 
 
 def _reference(readings: list[tuple[int, list[float]]], fs: FeatureSet) -> tuple[dict[int, dict], int]:
@@ -102,12 +104,13 @@ def test_out_of_order_and_late_readings_match_the_reference(hop_ms):
     readings = [(t, list(rng.normal(10, 2, len(SENSORS)))) for t in ts]
     for _, row in readings[::17]:
         row[2] = np.nan
-    state, got, late = EntityWindows(fs), {}, 0
+    state, got, late = PartitionWindows(fs), {}, 0
     for t, row in readings:
-        accepted, closed = state.add(t, row)
+        accepted, closed = state.add("e", t, row)
         late += not accepted
         for c in closed:
-            got[c["window_start"]] = {k: v for k, v in c.items() if k not in ("start", "window", "window_start", "window_end")}
+            got[c["window_start"]] = {k: v for k, v in c.items()
+                                      if k not in ("entity", "start", "window", "window_start", "window_end")}
     expected, expected_late = _reference(readings, fs)
     assert late == expected_late > 0
     assert got.keys() == expected.keys()
@@ -117,8 +120,120 @@ def test_out_of_order_and_late_readings_match_the_reference(hop_ms):
             assert got[start][name] == pytest.approx(expected[start][name], rel=1e-12, abs=1e-15), (start, name)
 
 
-def test_a_window_already_emitted_before_a_restart_is_not_emitted_again():
-    state = EntityWindows(FEATURE_SET, emitted_end=10_000)
-    assert state.add(9_900, [1.0] * len(SENSORS)) == (False, [])
-    accepted, closed = state.add(10_100, [1.0] * len(SENSORS))
+def test_a_window_already_closed_before_a_restart_is_not_opened_again():
+    state = PartitionWindows(FEATURE_SET, closed_through=10_000)
+    assert state.add("e", 9_900, [1.0] * len(SENSORS)) == (False, [])
+    accepted, closed = state.add("e", 10_100, [1.0] * len(SENSORS))
     assert accepted and closed == []
+
+
+def test_the_stream_time_is_the_partitions_a_quiet_entity_does_not_hold_its_windows():
+    state, row = PartitionWindows(FEATURE_SET), [1.0] * len(SENSORS)
+    state.add("quiet", 1_000, row)
+    state.add("busy", 1_000, row)
+    accepted, closed = state.add("busy", 6_000, row)  # 5 s + 1 s of lateness: both first windows close
+    assert accepted and [(c["entity"], c["start"]) for c in closed] == [("busy", 0), ("quiet", 0)]
+    assert state.add("quiet", 4_500, row) == (False, [])  # the partition's time passed it: late
+    assert [(c["entity"], c["start"]) for c in state.close_all()] == [("busy", 5_000)]  # quiet partition
+    assert state.add("busy", 9_999, row) == (False, []) and state.closed_through == 10_000
+
+
+# -- the embedded engine's batch twin of the state machine ---------------------------------------
+
+
+def test_features_of_many_windows_at_once_equal_those_of_each_window():
+    rng = np.random.default_rng(11)
+    windows = []
+    for i in range(120):
+        values = rng.normal(10, 2, (int(rng.integers(1, 70)), len(SENSORS))) * rng.uniform(0.01, 1000)
+        values[rng.random(values.shape) < rng.uniform(0, 0.7)] = np.nan
+        if i % 9 == 0:
+            values[:, 1] = 3.25  # a flat signal: no spectral energy
+        windows.append(values)
+    bounds = np.concatenate(([0], np.cumsum([len(w) for w in windows])))
+    got = compute_windows(FEATURE_SET, np.concatenate(windows), bounds)
+    for i, values in enumerate(windows):
+        expected = window_features(values, FEATURE_SET.sample_hz)
+        assert got[i] == pytest.approx([expected[n] for n in FEATURE_NAMES], rel=1e-12, abs=1e-12), i
+
+
+def _stream(seed: int, entities: int, readings: int) -> list[tuple[str, int, list[float]]]:
+    """Interleaved readings of several entities at 10 Hz with disorder, stragglers, late ones, gaps and skewed clocks."""
+    rng = np.random.default_rng(seed)
+    clocks = {f"e{i}": int(rng.integers(0, 20_000)) for i in range(entities)}
+    out = []
+    for _ in range(readings):
+        entity = f"e{int(rng.integers(entities))}"
+        clocks[entity] += int(rng.choice([100, 100, 100, 3000]))
+        ts = clocks[entity] - int(rng.choice([0, 0, 0, 0, 250, 1200, 9000]))  # in order, swapped, straggling, late
+        row = list(rng.normal(10, 2, len(SENSORS)))
+        if rng.random() < 0.1:
+            row[int(rng.integers(len(SENSORS)))] = np.nan
+        out.append((entity, ts, row))
+    return out
+
+
+@pytest.mark.parametrize(("seed", "hop_ms"), [(1, 5000), (2, 5000), (3, 1000), (4, 2500)])
+def test_batch_windows_decide_as_the_per_reading_state_machine(seed, hop_ms):
+    fs = FEATURE_SET.model_copy(update={"window": FEATURE_SET.window.model_copy(update={"hop_ms": hop_ms})})
+    stream = _stream(seed, entities=9, readings=3000)
+    partition_of = {f"e{i}": i % 3 for i in range(9)}
+    reference, late_reference = {}, []
+    states = {p: PartitionWindows(fs, closed_through=5000, stream_time=6000) for p in range(3)}
+    for i, (entity, ts, row) in enumerate(stream):
+        accepted, closed = states[partition_of[entity]].add(entity, ts, row)
+        late_reference.append(not accepted)
+        reference.update({(c["entity"], c["window_start"]): c for c in closed})
+        if i == 2000:  # partition 1 goes quiet for a while
+            reference.update({(c["entity"], c["window_start"]): c for c in states[1].close_all()})
+    windows, late, got = BatchWindows(fs, offset=lambda offset: offset), [], {}
+    for p in range(3):
+        windows.start(p, closed_through=5000)
+    rng = np.random.default_rng(seed)
+    at = 0
+
+    def collect(closed: list) -> None:
+        if closed:
+            counts, features = windows.features(closed)
+            for c, count, row in zip(closed, counts, features):
+                assert (c.entity, c.start) not in got, "a window closed twice"
+                got[(c.entity, c.start)] = {"count": int(count), **dict(zip(fs.feature_names, row))}
+
+    while at < len(stream):
+        batch = stream[at:at + min(int(rng.integers(1, 300)), 2001 - at if at <= 2000 else 300)]
+        names = [e for e, _, _ in batch]
+        result = windows.add(windows.ids(names), np.array([partition_of[e] for e in names]),
+                             np.array([t for _, t, _ in batch]), np.array([r for _, _, r in batch]),
+                             list(range(at, at + len(batch))))
+        late += result.late.tolist()
+        collect(result.closed)
+        at += len(batch)
+        if at == 2001:
+            collect(windows.close_partition(1))
+    assert late == late_reference and sum(late) > 0
+    assert got.keys() == reference.keys() and len(got) > 50
+    for key, row in got.items():
+        assert row["count"] == reference[key]["count"]
+        assert row == pytest.approx({n: reference[key][n] for n in row}, rel=1e-12, abs=1e-12), key
+
+
+def test_the_first_open_offset_of_a_partition_follows_its_open_windows():
+    windows = BatchWindows(FEATURE_SET, offset=lambda handle: handle[1])
+    windows.start(0)
+    windows.start(1)
+    row = [1.0] * len(SENSORS)
+
+    def add(entity: str, ts: int, offset: int, partition: int) -> list:
+        return windows.add(windows.ids([entity]), np.array([partition]), np.array([ts]), np.array([row]),
+                           [(partition, offset)]).closed
+
+    add("a", 1000, 10, 0)
+    add("b", 1000, 20, 1)
+    add("a", 5500, 11, 0)  # a's second window opens at offset 11; its first still open (lateness)
+    assert windows.first_open_offset(0) == 10 and windows.first_open_offset(1) == 20
+    assert [(c.entity, c.start, c.closer) for c in add("a", 6100, 12, 0)] == [("a", 0, (0, 12))]
+    assert windows.first_open_offset(0) == 11 and windows.first_open_offset(2) is None
+    assert windows.closed_through(0) == 5000 and windows.closed_through(1) == 0  # stream time 1000: end 0 + 1 s
+    windows.forget({0})
+    assert windows.first_open_offset(0) is None and windows.unknown(np.array([0, 1])) == [0]
+    assert windows.first_open_offset(1) == 20
