@@ -13,9 +13,12 @@ run concurrently, each with its deadline. What happens when something fails:
 
 - a row that cannot be decoded or has non-finite features goes to the DLQ at once;
 - Triton down, overloaded or past its deadline (:class:`~streams.errors.InferenceUnavailableError`):
-  the worker raises :class:`~streams.errors.BackpressureError`; the delivery loop pauses the
-  partitions, keeps polling, backs off, asks :meth:`InferenceWorker.ready`, resumes and retries
-  the same records. Nothing is produced or committed meanwhile, so nothing is lost;
+  each call goes through the worker's Triton guard (:mod:`streams.resilience`: the topology's
+  ``calls`` deadline, retries with jittered backoff, circuit breaker); when its tries are spent or
+  the breaker is open the worker raises :class:`~streams.errors.BackpressureError`; the delivery
+  loop pauses the partitions, keeps polling, backs off, asks :meth:`InferenceWorker.ready` (no call
+  to Triton while the breaker is open), resumes and retries the same records. Nothing is produced
+  or committed meanwhile, so nothing is lost;
 - Triton answers but refuses the batch while the model is ready: the batch is bisected to find
   the rows it refuses; such a row is retried with the batch (backpressure) and, on its
   ``max_row_attempts``-th failure, goes to the DLQ with reason ``inference_refused``.
@@ -72,12 +75,14 @@ from streams.errors import (
     BackpressureError,
     InferenceError,
     InferenceUnavailableError,
+    ServiceUnavailableError,
     TopologyError,
 )
 from streams.config_center import CONFIG_TOPIC, ConfigSubscriber
 from streams.features.spec import load_feature_set
 from streams.lifecycle import MODELS_TOPIC, ModelRegistryWatcher
 from streams.lifecycle.state import Routing
+from streams.resilience import Guard
 
 log = logging.getLogger("tangram.inference")
 T = TypeVar("T")
@@ -182,12 +187,13 @@ class InferenceWorker(Processor):
 
     name = "inference"
     pipelined = True  # a batch's Triton calls overlap the delivery of the batch before
+    services = frozenset({"triton", "registry"})
     needs_models = True  # following the registry, it checks each artifact's digest before a switch
 
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
                  triton_url: str, settings: InferenceSettings, contract: ModelContract, features: Sequence[str],
                  shadow_topic: str | None = None, bootstrap_servers: str | None = None,
-                 model_repository: Path | None = None):
+                 model_repository: Path | None = None, triton_guard: Guard | None = None):
         self.input_codec = input_codec
         self.output_codec = output_codec
         self.input_batch = input_codec.batch
@@ -199,6 +205,9 @@ class InferenceWorker(Processor):
         self.dlq_topic = dlq_topic
         self.triton_url = triton_url
         self.settings = settings
+        #: the topology's Triton calls (deadline, retries, breaker); the deadline is the declared one when given
+        self.triton_guard = triton_guard
+        self.timeout_s = triton_guard.timeout_s if triton_guard is not None else settings.timeout_s
         self.contract = contract
         self.features = tuple(features)
         if contract.input.dims != (len(self.features),):
@@ -227,7 +236,7 @@ class InferenceWorker(Processor):
         self._pending: RoutingSettings | None = None  # a routing change Triton could not take yet: retried
         self._standby: set[ModelTarget] = set()  # the registry's previous Production, kept loaded for rollbacks
         self._stale_standby: set[ModelTarget] = set()  # standby versions replaced since the last switch: unloaded
-        self.repository = ModelRepository(triton_url, settings.timeout_s, settings.load_timeout_s)  # explicit control
+        self.repository = ModelRepository(triton_url, self.timeout_s, settings.load_timeout_s)  # explicit control
         self.config: ConfigSubscriber | None = None
         self.models: dict[ModelTarget, TritonModel] = {}
         self.row_failures: dict[tuple[str, int, int], int] = {}
@@ -254,10 +263,17 @@ class InferenceWorker(Processor):
                                 f"got {outputs}")
         features = settings.features or load_feature_set(ctx.path(settings.feature_set)).feature_names
         contract = ModelContract.from_config(ctx.topology.model_repository / settings.model)
+        guard = ctx.calls.guard("triton", (InferenceUnavailableError,))
+        if "triton" in ctx.calls.declared and "timeout_s" in settings.model_fields_set \
+                and abs(settings.timeout_s - guard.timeout_s) > 1e-9:
+            raise TopologyError(f"processor {ctx.name!r}: params.timeout_s {settings.timeout_s:g} s and its declared "
+                                f"triton call's timeout_ms {guard.call_spec.timeout_ms} disagree; keep one "
+                                "(the `calls:` declaration is the deadline)")
         return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), output_topic=outputs[0],
                    dlq_topic=ctx.dlq, triton_url=ctx.stack.triton_grpc_url, settings=settings, contract=contract,
                    features=features, shadow_topic=settings.shadow_topic,
-                   bootstrap_servers=ctx.stack.bootstrap_servers, model_repository=ctx.stack.model_repository)
+                   bootstrap_servers=ctx.stack.bootstrap_servers, model_repository=ctx.stack.model_repository,
+                   triton_guard=guard)
 
     # -- lifecycle -------------------------------------------------------------------
     def setup(self) -> None:
@@ -284,7 +300,7 @@ class InferenceWorker(Processor):
     async def _model(self, target: ModelTarget) -> TritonModel:
         model = self.models.get(target)
         if model is None:
-            model = TritonModel(self.triton_url, target.model, target.version, self.settings.timeout_s,
+            model = TritonModel(self.triton_url, target.model, target.version, self.timeout_s,
                                 contract=self.contract)
             try:
                 await model.setup()  # InferenceError naming the field that differs
@@ -410,6 +426,9 @@ class InferenceWorker(Processor):
         """
         self._refresh_routing()
         plan = self.routing.plan
+        if self.triton_guard is not None and not self.triton_guard.available():
+            log.info("%s: not ready: the Triton circuit breaker is open (%s)", self.name, self.triton_guard.state)
+            return False
 
         async def probe() -> bool:
             try:
@@ -605,7 +624,13 @@ class InferenceWorker(Processor):
     async def _call(self, model: TritonModel, target: ModelTarget, matrix: np.ndarray) -> np.ndarray:
         started = time.perf_counter()
         try:
-            result = await model.infer(matrix)
+            if self.triton_guard is None:
+                result = await model.infer(matrix)
+            else:
+                try:
+                    result = await self.triton_guard.acall(model.infer, matrix)
+                except ServiceUnavailableError as exc:  # tries spent or breaker open: Triton is unavailable
+                    raise InferenceUnavailableError(str(exc)) from exc
         except InferenceUnavailableError:
             ERRORS.labels(target.model, target.version, "unavailable").inc()
             raise
