@@ -193,7 +193,8 @@ class InferenceWorker(Processor):
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
                  triton_url: str, settings: InferenceSettings, contract: ModelContract, features: Sequence[str],
                  shadow_topic: str | None = None, bootstrap_servers: str | None = None,
-                 model_repository: Path | None = None, triton_guard: Guard | None = None):
+                 model_repository: Path | None = None, triton_guard: Guard | None = None,
+                 models_per_server: int | None = None):
         self.input_codec = input_codec
         self.output_codec = output_codec
         self.input_batch = input_codec.batch
@@ -208,6 +209,8 @@ class InferenceWorker(Processor):
         #: the topology's Triton calls (deadline, retries, breaker); the deadline is the declared one when given
         self.triton_guard = triton_guard
         self.timeout_s = triton_guard.timeout_s if triton_guard is not None else settings.timeout_s
+        #: the topology's state.models_per_server: the most versions the routing has Triton keep loaded
+        self.models_per_server = models_per_server
         self.contract = contract
         self.features = tuple(features)
         if contract.input.dims != (len(self.features),):
@@ -273,7 +276,7 @@ class InferenceWorker(Processor):
                    dlq_topic=ctx.dlq, triton_url=ctx.stack.triton_grpc_url, settings=settings, contract=contract,
                    features=features, shadow_topic=settings.shadow_topic,
                    bootstrap_servers=ctx.stack.bootstrap_servers, model_repository=ctx.stack.model_repository,
-                   triton_guard=guard)
+                   triton_guard=guard, models_per_server=ctx.spec.state.models_per_server)
 
     # -- lifecycle -------------------------------------------------------------------
     def setup(self) -> None:
@@ -384,6 +387,9 @@ class InferenceWorker(Processor):
             plan = self.routing.candidate(settings)
             if plan.shadow and not self.shadow_topic:
                 raise TopologyError("shadow routing needs `shadow_topic` in the processor's params")
+            if self.models_per_server is not None and len(plan.targets) > self.models_per_server:
+                raise TopologyError(f"the routing {plan.describe()} needs {len(plan.targets)} versions loaded, "
+                                    f"models_per_server is {self.models_per_server}")
             self._run(self._serve(plan.targets))
             for target in plan.targets:
                 self._run(self._model(target))
@@ -400,7 +406,12 @@ class InferenceWorker(Processor):
         stale, self._stale_standby = self._stale_standby, set()
         if dropped := [t for t in {*previous.targets, *stale} if t not in plan.targets and t not in self._standby]:
             self._run(self._retire(dropped))
-        if standby := [t for t in self._standby if t not in plan.targets]:
+        standby = [t for t in self._standby if t not in plan.targets]
+        if standby and self.models_per_server is not None and len(plan.targets) + len(standby) > self.models_per_server:
+            log.info("%s: standby %s not kept loaded: models_per_server %d (a rollback loads it first)", self.name,
+                     ", ".join(map(str, standby)), self.models_per_server)
+            standby = []
+        if standby:
             try:
                 self._run(self._serve(standby))
             except InferenceError as exc:  # only a faster rollback is at stake
