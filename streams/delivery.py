@@ -113,6 +113,9 @@ TRANSACTIONS_ABORTED = Counter(
 )
 PAUSED = Gauge("tangram_processor_paused", "1 while the processor's partitions are paused (backpressure).", ["processor"])
 
+#: A dead letter over the producer's size limit keeps this many bytes of the original (and its sha256).
+DLQ_KEPT_BYTES = 512 * 1024
+
 #: Header names carried by every record (DESIGN.md, "Contracts and wire format").
 H_EVENT_ID = "event_id"
 H_TRACE_ID = "trace_id"
@@ -696,7 +699,25 @@ class Runner:
                 produce(out.topic, out.value, out.key, headers=out.headers or None)
             except (BufferError, TypeError):
                 self._produce(out)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise
+                self._produce(self._too_large(out, exc))
         return _Sent(outputs, offsets, records, started)
+
+    def _too_large(self, out: Output, exc: KafkaException) -> Output:
+        """An output over the producer's ``message.max.bytes``. A dead letter (a record near the broker's limit
+        plus the DLQ headers) keeps its first ``DLQ_KEPT_BYTES`` bytes, and says so in its headers; any other
+        output is the processor's bug: the loop stops (nothing committed) rather than drop it."""
+        if "dlq.reason" not in out.headers or out.value is None:
+            raise DeliveryError(f"{self.processor.name}: an output to {out.topic} of {len(out.value or b'')} bytes is "
+                                f"over the producer's message.max.bytes ({exc.args[0].str()}); offsets not committed")
+        digest = hashlib.sha256(out.value).hexdigest()
+        self.log.warning("%s: dead letter to %s of %d bytes is over the size limit: keeping its first %d bytes "
+                         "(sha256 of the whole: %s)", self.processor.name, out.topic, len(out.value), DLQ_KEPT_BYTES,
+                         digest)
+        headers = {**out.headers, "dlq.truncated_from_bytes": str(len(out.value)), "dlq.original_sha256": digest}
+        return Output(out.topic, out.key, out.value[:DLQ_KEPT_BYTES], headers)
 
     def _complete_pending(self) -> None:
         sent, self._pending = self._pending, None
@@ -804,6 +825,11 @@ class Runner:
                 return
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self.producer.poll(0.1)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE or "dlq.truncated_from_bytes" in out.headers:
+                    raise
+                out = self._too_large(out, exc)
+                headers = [(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in out.headers.items()]
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
