@@ -26,8 +26,9 @@ Failures: the online-feature reads go through the processor's Redis guard (:mod:
 the declared deadline, retries, circuit breaker). They are made for the whole batch before any state
 changes, so when Redis is down the batch is put back whole (backpressure: partitions paused, polling
 on, nothing lost) and decided once Redis answers. A rule that cannot be evaluated on a record (a
-missing or mistyped input) sends that record to the DLQ with reason ``rule_unevaluable``, naming the
-rule and why; the record's other rules still decide.
+mistyped input) sends that record to the DLQ with reason ``rule_unevaluable`` — ``rule_missing_input``
+when an input it reads has no value (e.g. no online features for the entity yet) — naming the rule and
+why; the record's other rules still decide.
 """
 
 from __future__ import annotations
@@ -350,12 +351,14 @@ class RuleProcessor(Processor):
             context = {**blank, **features, **value}
             fired_types: set[str] = set()
             failed: list[str] = []
+            missing_input = False
             for rule in rules:
                 try:
                     matched = rule.matches(context)
                 except rule_engine.EngineError as exc:
                     UNEVALUABLE.labels(self.name, rule.spec.name).inc()
                     unknown = [s for s in rule.symbols if context.get(s) is None]
+                    missing_input = missing_input or bool(unknown)
                     failed.append(f"rule {rule.spec.name!r} ({rule.spec.when}): {exc.message}"
                                   + (f"; no value for {', '.join(unknown)}" if unknown else ""))
                     continue
@@ -370,7 +373,8 @@ class RuleProcessor(Processor):
             if failed:
                 log.warning("%s: %s: %d rule(s) could not be evaluated, to the DLQ: %s", self.name, record.where,
                             len(failed), "; ".join(failed))
-                outputs.append(dead_letter(record, self.dlq_topic, self.name, "; ".join(failed), "rule_unevaluable"))
+                reason = "rule_missing_input" if missing_input else "rule_unevaluable"
+                outputs.append(dead_letter(record, self.dlq_topic, self.name, "; ".join(failed), reason))
         return outputs
 
     def _held_back(self, name: str, action: str, entity: str, end: int, cooldown_ms: int) -> bool:
