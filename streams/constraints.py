@@ -128,6 +128,17 @@ def _state_violations(topology: Topology, name: str, spec: ProcessorSpec, cls: t
             out.append(f"processor {name!r} declares hot_reload, but nothing of it changes without a restart "
                        "(an inference worker reloads with follow_registry, routing_file or follow_degradation; "
                        "a rule processor with live_config)")
+    if state.ttl_s is not None:
+        if spec.kind != Kind.FEATURES:
+            out.append(f"processor {name!r}: state.ttl_s is the online store's key lifetime, which only a features "
+                       f"processor writes; {spec.kind} keeps nothing outside Kafka with a TTL")
+        elif params.get("feature_set"):
+            from streams.features.spec import load_feature_set
+
+            ttl = load_feature_set(topology.path(params["feature_set"])).online.ttl_s
+            if ttl != state.ttl_s:
+                out.append(f"processor {name!r}: state.ttl_s {state.ttl_s} but its feature set's online.ttl_s is {ttl}, "
+                           "which the online store executes; declare the same")
     if state.models_per_server is not None and not inference:
         out.append(f"processor {name!r}: models_per_server is a limit of inference workers (the versions they have "
                    f"Triton keep loaded); {spec.kind} loads no model")

@@ -79,8 +79,9 @@ def test_drop_policy_is_what_a_processor_executes():
 
 
 def test_co_partitioned_inputs_must_have_the_same_partition_count():
-    rules, drift = violations(variant(**{"topics/pm.predictions.anomaly/partitions": 6}))
-    assert "'rules'" in rules and "co-partitioned" in rules and "has 6" in rules and "'drift'" in drift
+    msgs = violations(variant(**{"topics/pm.predictions.anomaly/partitions": 6}))
+    assert len(msgs) == 2 and all("co-partitioned" in m and "has 6" in m for m in msgs)
+    assert {m.split("'")[1] for m in msgs} == {"rules", "drift"}
 
 
 def test_sla_tighter_than_the_batching_delays():
@@ -101,3 +102,10 @@ def test_baseline_rate_beyond_measured_capacity():
 def test_canary_routing_needs_a_share():
     [msg] = violations(variant(**{"processors/inference/evolution": {"routing": "canary"}}))
     assert "canary_share" in msg
+
+
+def test_a_ttl_is_the_feature_sets_online_ttl():
+    [msg] = violations(variant(**{"processors/features/state": {"ttl_s": 60}}))
+    assert "ttl_s 60" in msg and "online.ttl_s is 3600" in msg
+    [msg] = violations(variant(**{"processors/rules/state": {"hot_reload": True, "ttl_s": 60}}))
+    assert "only a features processor writes" in msg
