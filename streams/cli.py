@@ -162,11 +162,13 @@ def demo(
     duration: float = typer.Option(60.0, help="Seconds of simulated events."),
     entities: int = typer.Option(20, help="Simulated entities (devices, documents, ...), as the app's simulator has them."),
     seed: int = typer.Option(7, help="Simulator seed."),
+    drill: bool = typer.Option(True, "--drill/--no-drill", help="The lifecycle drill: a model version promoted "
+                               "(the canary job starts its canary) and rolled back live, each change timed."),
 ) -> None:
     """Run an app on the local stack with its simulator and score it against the simulator's ground truth."""
     from streams.demo import run_demo
 
-    run_demo(_settings(), topology, duration, entities, seed)
+    run_demo(_settings(), topology, duration, entities, seed, drill=drill)
 
 
 def entry() -> None:
@@ -234,6 +236,38 @@ def verify(
         raise typer.BadParameter(f"steps {steps!r}: a comma-separated subset of 1,2,3,4", param_hint="--steps")
     checks = run_verify(topology, _settings(), load_seconds, kill, steps=chosen)
     raise typer.Exit(0 if all(c.ok for c in checks) else 1)
+
+
+@app.command()
+def chaos(
+    topology: Path = AppArg,
+    faults: str = typer.Option("short", help="`short`, `long`, or a comma-separated list: kill:<processor>, "
+                                             "kill:broker, freeze:redis, freeze:triton, stop:redis, stop:triton, "
+                                             "registry-at-start:<processor>, oversize."),
+    rate: float = typer.Option(200.0, help="Events/s of the load (the app simulator's, every event valid)."),
+    fault_s: float = typer.Option(8.0, help="How long a freeze, a stop or an outage lasts."),
+    exactly_once: bool = typer.Option(False, "--exactly-once", help="Every processor with Kafka transactions."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Write the report as JSON here."),
+) -> None:
+    """A fault campaign against the running topology under load: every event accounted for, recovery per fault."""
+    from rich.console import Console
+
+    from streams.chaos import LONG, SHORT, Campaign, print_report
+
+    chosen = SHORT if faults == "short" else LONG if faults == "long" else tuple(
+        f.strip() for f in faults.split(",") if f.strip())
+    console = Console()
+    campaign = Campaign(topology, _settings(), faults=chosen, rate=rate, fault_s=fault_s,
+                        exactly_once=exactly_once, console=console)
+    try:
+        result = campaign.run()
+    finally:
+        campaign.close()
+    print_report(result, console)
+    if report is not None:
+        report.write_text(result.to_json())
+    recovered = all(f.recovery_s is not None for f in result.faults)
+    raise typer.Exit(0 if result.accounting.clean(exactly_once) and recovered else 1)
 
 
 replay_app = typer.Typer(help="Copy topic ranges into isolated namespaces for backtests.", no_args_is_help=True)
