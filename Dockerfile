@@ -12,7 +12,10 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
 FROM python:3.11-slim
 COPY --from=wheel /dist /dist
-RUN pip install --no-cache-dir /dist/*.whl && rm -rf /dist
+# The `intake` extra: the document-intake app's OCR, image and hashing libraries (OpenCV needs libGL and GLib).
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends libgl1 libglib2.0-0 \
+    && rm -rf /var/lib/apt/lists/* \
+    && pip install --no-cache-dir "$(ls /dist/*.whl)[intake]" && rm -rf /dist
 WORKDIR /app
 COPY topologies ./topologies
 COPY schemas ./schemas

@@ -166,7 +166,7 @@ def quix(stack: StackSettings, raw: str, history: History, tag: str, log_dir: Pa
     if not QUIX_PYTHON.exists():
         raise SystemExit(f"{QUIX_PYTHON} is missing: `make .venv-quix/.installed` creates it")
     prefix = f"qx{tag}"
-    create_topics(stack.bootstrap_servers, [f"{prefix}.predictions", f"{prefix}.actions", f"{prefix}.dlq"])
+    create_topics(stack.kafka, [f"{prefix}.predictions", f"{prefix}.actions", f"{prefix}.dlq"])
     counts = Counts(stack)
     windows = history.windows()
     log = (log_dir / f"{prefix}.log").open("w")
@@ -233,7 +233,7 @@ def main() -> None:
     stack = StackSettings()
     tag = uuid.uuid4().hex[:6]
     raw = f"e2e{tag}.raw.telemetry"
-    create_topics(stack.bootstrap_servers, [raw, f"e2e{tag}.raw_copy"])
+    create_topics(stack.kafka, [raw, f"e2e{tag}.raw_copy"])
     history = History(fleet(args.devices), args.readings, int(time.time() * 1000))
     t0 = time.perf_counter()
     n = produce(stack, raw, history.records())

@@ -66,7 +66,7 @@ def isolated(tmp: Path) -> tuple[Path, str]:
 def wait_count(stack: StackSettings, topic: str, n: int, timeout_s: float = 900) -> float:
     """Until ``topic`` holds ``n`` records; returns the wall time that was first seen (polled every 50 ms)."""
     deadline = time.monotonic() + timeout_s
-    while count_records(stack.bootstrap_servers, topic) < n:
+    while count_records(stack.kafka, topic) < n:
         if time.monotonic() > deadline:
             raise SystemExit(f"{topic}: fewer than {n} records after {timeout_s}s")
         time.sleep(0.05)
@@ -104,7 +104,7 @@ def timed_output(stack: StackSettings, name: str, topic: str, windows: int, read
     thread.start()
     first = wait_count(stack, topic, 1)
     last = wait_count(stack, topic, windows)
-    return EngineRun(name, count_records(stack.bootstrap_servers, topic), first, last, readings)
+    return EngineRun(name, count_records(stack.kafka, topic), first, last, readings)
 
 
 def engines(stack: StackSettings, devices: int, seconds: float) -> None:
@@ -114,10 +114,10 @@ def engines(stack: StackSettings, devices: int, seconds: float) -> None:
     apply(topology, stack)
     source, output = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window"
     extra = [output + "_faust", output + "_flink", f"{prefix}.dlq.faust", f"{prefix}.dlq.flink", f"{prefix}.raw_reduce"]
-    create_topics(stack.bootstrap_servers, extra)
+    create_topics(stack.kafka, extra)
     in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
     readings = recorded_readings(devices, seconds, late_every=10**9, straggle_every=10**9)
-    produce_records(stack.bootstrap_servers, source, in_codec, readings, key="device_id")
+    produce_records(stack.kafka, source, in_codec, readings, key="device_id")
     windows = devices * (int(seconds * 1000) // FEATURE_SET.window.size_ms - 1)
     n, timed_n = len(readings), readings_after_first_close(readings)
     per_window = n // windows
@@ -358,7 +358,7 @@ def _wait_consumed(stack: StackSettings, group: str, topic: str, changelog: str,
             ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
             committed = [max(tp.offset, 0) for tp in consumer.committed(tps, timeout=10)]
             lag = sum(e - c for e, c in zip(ends, committed, strict=True))
-            if sum(ends) == n and lag == 0 and count_records(stack.bootstrap_servers, changelog) >= n:
+            if sum(ends) == n and lag == 0 and count_records(stack.kafka, changelog) >= n:
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout_s:
                 raise SystemExit(f"{group}: lag {lag} on {topic} after {timeout_s}s")
@@ -395,7 +395,7 @@ def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, se
         rss = [_rss_kib(worker.pid)]
         fed, took = 0, []
         for part in halves:
-            produce_records(stack.bootstrap_servers, source, in_codec, part, key="device_id")
+            produce_records(stack.kafka, source, in_codec, part, key="device_id")
             fed += len(part)
             took.append(_wait_consumed(stack, group, source, changelog, fed, worker))
             time.sleep(settle_s)
@@ -403,7 +403,7 @@ def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, se
     finally:
         worker.terminate()
         worker.wait(30)
-    emitted, late = count_records(stack.bootstrap_servers, output), count_records(stack.bootstrap_servers, dlq)
+    emitted, late = count_records(stack.kafka, output), count_records(stack.kafka, dlq)
     if emitted or late:
         raise SystemExit(f"expected only open windows: {emitted} windows emitted, {late} readings in the DLQ")
     (start, _), (mid, _), (end, peak) = rss
@@ -441,7 +441,7 @@ def embedded_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000,
         rss = [_rss_kib(pid)]
         fed = 0
         for part in halves:
-            produce_records(stack.bootstrap_servers, source, in_codec, part, key="device_id")
+            produce_records(stack.kafka, source, in_codec, part, key="device_id")
             fed += len(part)
             deadline = time.monotonic() + 900
             while _records_in(url) < fed:

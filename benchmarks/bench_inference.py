@@ -169,7 +169,7 @@ def run_worker(stack: StackSettings, topics: dict[str, str], size: int, rows: in
         contract=ModelContract.from_config(APP / "model_repository" / model), features=FEATURE_NAMES,
     )
     timed = Timed(worker, rows)
-    runner = Runner(timed, RunnerConfig(bootstrap_servers=stack.bootstrap_servers, group_id=f"bench-{uuid.uuid4().hex}",
+    runner = Runner(timed, RunnerConfig(kafka=stack.kafka, group_id=f"bench-{uuid.uuid4().hex}",
                                         inputs=(topics["in"],), batch_size=size, max_wait_ms=500,
                                         exactly_once=exactly_once))
     timed.runner = runner

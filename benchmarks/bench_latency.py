@@ -140,7 +140,7 @@ def run_share(stack: StackSettings, rate: float, seconds: float, tag: str) -> di
     devices = live_fleet(max(1, round(rate / HZ)))
     prefix = f"lat{tag}r{int(rate)}"
     raw = f"{prefix}.raw.telemetry"
-    create_topics(stack.bootstrap_servers, [raw])
+    create_topics(stack.kafka, [raw])
     path = reference_copy(stack, prefix, raw, 1, {"processors/rules/params/cooldown_ms": 0})
     topology = load_topology(path)
     apply(topology, stack)
@@ -191,7 +191,7 @@ def main() -> None:
     if max_rate is None:
         import bench_e2e
         raw = f"lat{tag}.raw.telemetry"
-        create_topics(stack.bootstrap_servers, [raw])
+        create_topics(stack.kafka, [raw])
         history = History(fleet(200), args.catch_up_readings, int(time.time() * 1000))
         produce(stack, raw, history.records())
         run = bench_e2e.tangram(stack, raw, history, 1, f"l{tag}")

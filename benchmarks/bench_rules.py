@@ -58,7 +58,7 @@ def rule_processor(stack: StackSettings, topology, total: int) -> tuple[float, i
     spec = topology.processors["rules"]
     group = f"bench-rules-{uuid.uuid4().hex}"
     runner = Runner(build_processor(topology, "rules", stack), RunnerConfig(
-        bootstrap_servers=stack.bootstrap_servers, group_id=group, inputs=tuple(spec.inputs),
+        kafka=stack.kafka, group_id=group, inputs=tuple(spec.inputs),
         batch_size=spec.batch_size, max_wait_ms=spec.max_wait_ms))
     thread = threading.Thread(target=runner.run, daemon=True)
     topic, n = spec.inputs[0], topology.partitions(spec.inputs[0])

@@ -48,6 +48,8 @@ DEFAULT_TIMEOUT_S = 2.0
 #: Default deadline of one model load: Triton starts each instance of each version (a Python-backend
 #: stub process on the local CPU Triton, about 1-2 s each here) before it answers.
 DEFAULT_LOAD_TIMEOUT_S = 60.0
+#: The header Triton's restricted model-repository protocol checks (``--grpc-restricted-protocol``).
+CONTROL_HEADER = "tangram-model-control"
 
 
 def _channel_args() -> list[tuple[str, Any]]:
@@ -145,6 +147,12 @@ def _error(label: str, timeout_s: float, action: str, exc: InferenceServerExcept
             f"{label}: Triton is unavailable during {action} ({message}); is the model server running (`tangram up`)?"
         )
     return InferenceError(f"{label}: {action} failed: {status} {message}".strip())
+
+
+def fits(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    """Whether a tensor's ``shape`` (without the batch dimension) is one the ``dims`` of a config allow:
+    the same rank, and every dimension equal where the config fixes it (-1: any size, as Triton reads it)."""
+    return len(shape) == len(dims) and all(d < 0 or s == d for s, d in zip(shape, dims))
 
 
 def _dims(values: Any) -> list[int]:
@@ -276,12 +284,12 @@ class TritonModel:
         request raises InferenceError.
         """
         expected = self.contract.input
-        if batch.ndim != 1 + len(expected.dims) or tuple(batch.shape[1:]) != expected.dims:
+        if not fits(batch.shape[1:], expected.dims):
             raise InferenceError(
                 f"{self._label}: batch shape {list(batch.shape)} does not fit input '{expected.name}' dims {list(expected.dims)}"
             )
         if batch.shape[0] == 0:
-            return np.empty((0, *self.contract.output.dims), dtype=self.contract.output.numpy_dtype)
+            return np.empty((0, *(max(d, 0) for d in self.contract.output.dims)), dtype=self.contract.output.numpy_dtype)
         batch = np.ascontiguousarray(batch, dtype=expected.numpy_dtype)
         limit = self.max_batch_size or batch.shape[0]
         if batch.shape[0] <= limit:
@@ -303,7 +311,7 @@ class TritonModel:
         except InferenceServerException as exc:
             raise self._error(f"inference of {batch.shape[0]} rows", exc) from None
         output = result.as_numpy(self.contract.output.name)
-        if output is None or output.shape != (batch.shape[0], *self.contract.output.dims):
+        if output is None or output.shape[:1] != batch.shape[:1] or not fits(output.shape[1:], self.contract.output.dims):
             raise InferenceError(
                 f"{self._label}: output '{self.contract.output.name}' shape "
                 f"{None if output is None else list(output.shape)} != expected {[batch.shape[0], *self.contract.output.dims]}"
@@ -351,16 +359,22 @@ class ModelRepository:
 
     Every call has a deadline (``timeout_s``; ``load_timeout_s`` for a load); a server that does not
     answer raises InferenceUnavailableError, a refused load InferenceError with Triton's reason.
+
+    A Triton that restricts its model-repository protocol (``--grpc-restricted-protocol``, the
+    secured stack) wants ``control_key`` in the ``tangram-model-control`` header of those calls.
     """
 
     def __init__(
-        self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+        self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+        *, control_key: str | None = None,
     ) -> None:
         if timeout_s <= 0 or load_timeout_s <= 0:
             raise ValueError("timeout_s and load_timeout_s must be positive")
         self.url = url
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
+        # Triton's gRPC endpoint names a restricted protocol's header with this prefix
+        self.headers = {f"triton-grpc-protocol-{CONTROL_HEADER}": control_key} if control_key else None
         self._client: grpcclient.InferenceServerClient | None = None
 
     def _grpc(self) -> grpcclient.InferenceServerClient:
@@ -381,7 +395,8 @@ class ModelRepository:
     async def index(self) -> list[VersionState]:
         """Every model version Triton knows of (loaded, loading, unloaded, failed), with its state."""
         try:
-            response = await self._grpc().get_model_repository_index(as_json=True, client_timeout=self.timeout_s)
+            response = await self._grpc().get_model_repository_index(as_json=True, headers=self.headers,
+                                                                   client_timeout=self.timeout_s)
         except InferenceServerException as exc:
             raise self._error(None, "reading the repository index", exc, self.timeout_s) from None
         return [
@@ -410,7 +425,8 @@ class ModelRepository:
             config["version_policy"] = {"specific": {"versions": wanted}}
         try:
             await self._grpc().load_model(
-                model, config=None if config is None else json.dumps(config), client_timeout=self.load_timeout_s
+                model, config=None if config is None else json.dumps(config), headers=self.headers,
+                client_timeout=self.load_timeout_s,
             )
         except InferenceServerException as exc:
             raise self._error(model, action, exc, self.load_timeout_s) from None
@@ -440,7 +456,7 @@ class ModelRepository:
     async def unload(self, model: str) -> None:
         """Unload every version of ``model`` (Triton finishes the requests in flight first)."""
         try:
-            await self._grpc().unload_model(model, client_timeout=self.timeout_s)
+            await self._grpc().unload_model(model, headers=self.headers, client_timeout=self.timeout_s)
         except InferenceServerException as exc:
             raise self._error(model, "unloading", exc, self.timeout_s) from None
         LOGGER.info("model '%s' at %s: unloaded", model, self.url)

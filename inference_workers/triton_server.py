@@ -335,8 +335,27 @@ def prepare_backends(workspace: Path, dist: Distribution) -> Path:
     return backends
 
 
+#: The header a restricted model-control API demands (``inference_workers.triton_client.CONTROL_HEADER``).
+CONTROL_HEADER = "tangram-model-control"
+#: Where the secured stack hands the wrapper the model-control key (never on its own command line).
+CONTROL_KEY_ENV = "TANGRAM_TRITON_CONTROL_KEY"
+
+
+def restricted_model_control(key: str | None) -> list[str]:
+    """Flags that make Triton's model-repository API (load, unload, index) demand ``key`` in CONTROL_HEADER.
+
+    Inference, metadata and health stay open to the processors that reach Triton; changing what it
+    serves needs the key. None: unrestricted (the developer stack).
+    """
+    if not key:
+        return []
+    return [f"--grpc-restricted-protocol=model-repository:{CONTROL_HEADER}={key}",
+            f"--http-restricted-api=model-repository:{CONTROL_HEADER}={key}"]
+
+
 def tritonserver_command(
-    binary: Path, args: argparse.Namespace, backends: Path, models: Sequence[str], shm_prefix: str
+    binary: Path, args: argparse.Namespace, backends: Path, models: Sequence[str], shm_prefix: str,
+    control_key: str | None = None,
 ) -> list[str]:
     """The tritonserver command line: explicit model control, ``models`` loaded at start."""
     return [
@@ -362,6 +381,7 @@ def tritonserver_command(
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
         f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",
         f"--backend-config=python,shm-growth-byte-size={SHM_GROWTH_BYTES}",
+        *restricted_model_control(control_key),
     ]
 
 
@@ -436,9 +456,10 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _served(args: argparse.Namespace) -> list[str]:
+def _served(args: argparse.Namespace, control_key: str | None) -> list[str]:
     """``name/version`` of every READY model version, from Triton's repository index (for the log)."""
-    request = urllib.request.Request(_local_url(args.host, args.http_port, "/v2/repository/index"), data=b"{}")
+    request = urllib.request.Request(_local_url(args.host, args.http_port, "/v2/repository/index"), data=b"{}",
+                                     headers={CONTROL_HEADER: control_key} if control_key else {})
     try:
         with urllib.request.urlopen(request, timeout=5.0) as response:
             index = json.loads(response.read())
@@ -533,8 +554,9 @@ def serve(args: argparse.Namespace) -> int:
     workspace = Path(tempfile.mkdtemp(prefix="tangram-triton-"))
     shm_prefix = f"tangram-triton-{os.getpid()}-{secrets.token_hex(4)}-"
     models = sorted({spec.name for spec in specs})
-    command = tritonserver_command(dist.binary, args, prepare_backends(workspace, dist), models, shm_prefix)
-    LOGGER.info("starting %s", " ".join(command))
+    key = env.pop(CONTROL_KEY_ENV, None)  # on Triton's command line only; its backend stubs need not see it
+    command = tritonserver_command(dist.binary, args, prepare_backends(workspace, dist), models, shm_prefix, key)
+    LOGGER.info("starting %s", " ".join(command).replace(key, "<model-control key>") if key else " ".join(command))
     process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     exit_code = 0
     try:
@@ -543,7 +565,7 @@ def serve(args: argparse.Namespace) -> int:
             return failed
         LOGGER.info(
             "Triton ready in %.1f s (explicit model control): %s; HTTP %s:%d, gRPC %s:%d, metrics %s:%d",
-            time.monotonic() - started, ", ".join(_served(args)),
+            time.monotonic() - started, ", ".join(_served(args, key)),
             args.host, args.http_port, args.host, args.grpc_port, args.host, args.metrics_port,
         )
         while not stop.wait(0.5):

@@ -83,6 +83,7 @@ from streams.features.spec import load_feature_set
 from streams.lifecycle import MODELS_TOPIC, ModelRegistryWatcher
 from streams.lifecycle.state import Routing
 from streams.resilience import Guard
+from streams.security.kafka import KafkaConnection
 
 log = logging.getLogger("tangram.inference")
 T = TypeVar("T")
@@ -192,9 +193,9 @@ class InferenceWorker(Processor):
 
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
                  triton_url: str, settings: InferenceSettings, contract: ModelContract, features: Sequence[str],
-                 shadow_topic: str | None = None, bootstrap_servers: str | None = None,
-                 model_repository: Path | None = None, triton_guard: Guard | None = None,
-                 models_per_server: int | None = None):
+                 shadow_topic: str | None = None, kafka: KafkaConnection | None = None,
+                 model_repository: Path | None = None, triton_key: str | None = None,
+                 triton_guard: Guard | None = None, models_per_server: int | None = None):
         self.input_codec = input_codec
         self.output_codec = output_codec
         self.input_batch = input_codec.batch
@@ -232,14 +233,15 @@ class InferenceWorker(Processor):
                                 f"model's features or the predictions schema {output_codec.subject!r} need")
         self.routing = VersionRouting(settings.initial_routing(), settings.model)
         self.routing_file = RoutingFile(settings.routing_file) if settings.routing_file else None
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka
         self.model_repository = model_repository
         self.watcher: ModelRegistryWatcher | None = None
         self._registry_routing: Routing | None = None  # set by the watcher's thread, applied between batches
         self._pending: RoutingSettings | None = None  # a routing change Triton could not take yet: retried
         self._standby: set[ModelTarget] = set()  # the registry's previous Production, kept loaded for rollbacks
         self._stale_standby: set[ModelTarget] = set()  # standby versions replaced since the last switch: unloaded
-        self.repository = ModelRepository(triton_url, self.timeout_s, settings.load_timeout_s)  # explicit control
+        self.repository = ModelRepository(triton_url, self.timeout_s, settings.load_timeout_s,  # explicit control
+                                          control_key=triton_key)
         self.config: ConfigSubscriber | None = None
         self.models: dict[ModelTarget, TritonModel] = {}
         self.row_failures: dict[tuple[str, int, int], int] = {}
@@ -275,8 +277,9 @@ class InferenceWorker(Processor):
         return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), output_topic=outputs[0],
                    dlq_topic=ctx.dlq, triton_url=ctx.stack.triton_grpc_url, settings=settings, contract=contract,
                    features=features, shadow_topic=settings.shadow_topic,
-                   bootstrap_servers=ctx.stack.bootstrap_servers, model_repository=ctx.stack.model_repository,
-                   triton_guard=guard, models_per_server=ctx.spec.state.models_per_server)
+                   kafka=ctx.stack.kafka, model_repository=ctx.stack.model_repository,
+                   triton_key=ctx.stack.triton_key, triton_guard=guard,
+                   models_per_server=ctx.spec.state.models_per_server)
 
     # -- lifecycle -------------------------------------------------------------------
     def setup(self) -> None:
@@ -285,10 +288,10 @@ class InferenceWorker(Processor):
         if self.routing_file and (settings := self.routing_file.poll()):
             self.routing.switch(self.routing.candidate(settings))
         if self.settings.follow_degradation:
-            self.config = ConfigSubscriber(self.bootstrap_servers, self.settings.config_topic, name=self.name,
+            self.config = ConfigSubscriber(self.kafka, self.settings.config_topic, name=self.name,
                                            namespaces=["feature-switch"]).start()
         if self.settings.follow_registry:
-            self.watcher = ModelRegistryWatcher(self.bootstrap_servers, self.settings.registry_topic, name=self.name).start()
+            self.watcher = ModelRegistryWatcher(self.kafka, self.settings.registry_topic, name=self.name).start()
             self.watcher.on_change(self._on_registry_change)
             if (settings := self._registry_settings(self.watcher.current(self.settings.model))) is not None:
                 self.routing.switch(self.routing.candidate(settings))

@@ -27,6 +27,9 @@ from streams.gateway.cli import dlq_app, gateway_app, schemas_app  # noqa: E402 
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(gateway_app, name="gateway")
 app.add_typer(dlq_app, name="dlq")
+from streams.security.cli import keys_app, mqtt_auth  # noqa: E402  (security chores)
+app.add_typer(keys_app, name="keys")
+gateway_app.command("mqtt-auth")(mqtt_auth)
 
 
 def _settings() -> StackSettings:
@@ -388,3 +391,10 @@ def deploy_k8s(
                              **given)
     written = render_chart(load_topology(topology), str(topology), out, settings)
     Console().print(f"wrote {len(written)} files into {out}; `helm install <release> {out}` deploys it")
+
+
+from streams.security.cli import erase, erasures, registry_user  # noqa: E402  (erasure; the registry's users)
+
+app.command("erase")(erase)
+app.command("erasures")(erasures)
+app.command("registry-user")(registry_user)

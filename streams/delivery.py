@@ -72,6 +72,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from prometheus_client import Counter, Gauge, Histogram
 
 from streams.errors import BackpressureError, DeliveryError
+from streams.security.kafka import KafkaConnection
 
 if TYPE_CHECKING:
     from typing import Self
@@ -301,7 +302,7 @@ class _Sent(NamedTuple):
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    bootstrap_servers: str
+    kafka: KafkaConnection
     group_id: str
     inputs: tuple[str, ...]
     batch_size: int = 500
@@ -349,8 +350,7 @@ class Runner:
         client_id = config.client_id or f"{config.group_id}-{uuid.uuid4().hex[:8]}"
         self._linger_s = min(config.linger_ms, config.max_wait_ms) / 1000
         self.consumer = consumer or Consumer(
-            {
-                "bootstrap.servers": config.bootstrap_servers,
+            config.kafka.config({
                 "group.id": config.group_id,
                 "client.id": client_id,
                 "enable.auto.commit": False,  # offsets are committed by this loop only, after delivery
@@ -363,12 +363,11 @@ class Runner:
                 "session.timeout.ms": config.session_timeout_ms,
                 **({"group.instance.id": config.group_instance_id} if config.group_instance_id else {}),
                 "on_commit": self._on_commit,
-            }
+            })
         )
         self._committed: dict[tuple[str, int], int] = {}  # the newest position handed to commit, per partition
         self._commit_refused = False  # the broker refused a commit: made again when the loop is next idle
-        producer_conf = {
-            "bootstrap.servers": config.bootstrap_servers,
+        producer_conf = config.kafka.config({
             "client.id": client_id,
             "enable.idempotence": True,  # forces acks=all and ordered retries
             "acks": "all",
@@ -378,7 +377,7 @@ class Runner:
             # Delivery reports for failures only: no Python callback per acknowledged record.
             "delivery.report.only.error": True,
             "on_delivery": self._on_delivery,
-        }
+        })
         if config.exactly_once:
             producer_conf["transactional.id"] = f"{config.group_id}-{config.group_instance_id or client_id}"
             producer_conf["transaction.timeout.ms"] = int(config.transaction_timeout_s * 1000)

@@ -75,8 +75,8 @@ class Watcher(threading.Thread):
     def __init__(self, stack: StackSettings, topology: Topology, start: dict[TopicPartition, int], console: Console):
         super().__init__(daemon=True, name="demo-watcher")
         self.console = console
-        self.consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"tangram-demo-{os.getpid()}",
-                                  "enable.auto.commit": False, "isolation.level": "read_committed"})
+        self.consumer = Consumer(stack.kafka.config({"group.id": f"tangram-demo-{os.getpid()}",
+                                                     "enable.auto.commit": False, "isolation.level": "read_committed"}))
         self.consumer.assign([TopicPartition(tp.topic, tp.partition, off) for tp, off in start.items()])
         self.entity = action_topics(topology)
         self.codecs = {t: topic_codec(topology, stack.registry_url, t) for t in self.entity}
@@ -130,7 +130,7 @@ def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator
     lifecycle = LifecycleDrill(topology, stack, console) if drill else None
     if lifecycle is not None:
         lifecycle.prepare()
-    probe = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "tangram-demo-probe"})
+    probe = Consumer(stack.kafka.config({"group.id": "tangram-demo-probe"}))
     processors = Processors(topology_path, stack)
     watcher = None
     try:
@@ -155,11 +155,12 @@ def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator
             if time.monotonic() - last_report >= 5:
                 last_report = time.monotonic()
                 elapsed = last_report - t0
-                console.print(f"[dim]t={elapsed:4.0f}s  sent {sent} events ({sent / elapsed:,.0f}/s)  "
+                rate = sent / elapsed
+                console.print(f"[dim]t={elapsed:4.0f}s  sent {sent} events ({rate:,.{1 if rate < 10 else 0}f}/s)  "
                               f"actions {len(watcher.actions)}  dead letters {len(watcher.dead_letters)}[/]")
         flush(out, 30)
         console.print("simulator done; waiting for the pipeline to drain")
-        wait_quiet(probe, topology)
+        wait_quiet(probe, topology, timeout_s=max(60.0, duration_s * 5))
         after = high_watermarks(probe, topology)
         watcher.stop()
         counts: Counter = Counter()

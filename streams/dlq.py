@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from streams.errors import DeliveryError, TangramError
+from streams.security.kafka import KafkaConnection
 
 log = logging.getLogger("tangram.dlq")
 
@@ -55,26 +56,25 @@ class DeadLetter:
         return f"{topic}[{partition}]@{offset}" if partition not in ("", "-1") else topic
 
 
-def _consumer(bootstrap_servers: str) -> Consumer:
-    return Consumer({
-        "bootstrap.servers": bootstrap_servers,
+def _consumer(kafka: KafkaConnection) -> Consumer:
+    return Consumer(kafka.config({
         "group.id": f"tangram-dlq-reader-{uuid.uuid4().hex}",  # never used to commit
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "isolation.level": "read_committed",
         "enable.partition.eof": True,
         "auto.offset.reset": "earliest",  # --from-offset below the retention start reads from the start
-    })
+    }))
 
 
-def read(bootstrap_servers: str, topic: str, *, from_offset: int = 0, reason: str | None = None,
+def read(kafka: KafkaConnection, topic: str, *, from_offset: int = 0, reason: str | None = None,
          limit: int | None = None) -> Iterator[DeadLetter]:
     """The records of ``topic`` from ``from_offset`` (every partition) up to its end at call time, in offset order per partition."""
-    consumer = _consumer(bootstrap_servers)
+    consumer = _consumer(kafka)
     try:
         metadata = consumer.list_topics(topic, timeout=TIMEOUT_S).topics.get(topic)
         if metadata is None or metadata.error is not None or not metadata.partitions:
-            raise DlqError(f"topic {topic!r} does not exist at {bootstrap_servers}; "
+            raise DlqError(f"topic {topic!r} does not exist at {kafka}; "
                            "DLQ topics are `<app>.dlq.<stage>`, created by `tangram apply`")
         ends: dict[int, int] = {}
         for p in metadata.partitions:
@@ -105,19 +105,19 @@ def read(bootstrap_servers: str, topic: str, *, from_offset: int = 0, reason: st
                     if limit is not None and yielded >= limit:
                         return
     except KafkaException as exc:
-        raise DlqError(f"cannot read {topic} at {bootstrap_servers}: {exc}; is the stack up (`tangram up`)?") from exc
+        raise DlqError(f"cannot read {topic} at {kafka}: {exc}; is the stack up (`tangram up`)?") from exc
     finally:
         consumer.close()
 
 
-def replay(bootstrap_servers: str, topic: str, to: str, *, reason: str | None = None, from_offset: int = 0,
+def replay(kafka: KafkaConnection, topic: str, to: str, *, reason: str | None = None, from_offset: int = 0,
            limit: int | None = None, dry_run: bool = False) -> int:
     """Send the DLQ records of ``topic`` (of one ``reason``) to ``to``; returns how many, once all are acknowledged."""
-    letters = list(read(bootstrap_servers, topic, from_offset=from_offset, reason=reason, limit=limit))
+    letters = list(read(kafka, topic, from_offset=from_offset, reason=reason, limit=limit))
     if dry_run or not letters:
         return len(letters)
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all",
-                         "client.id": f"tangram-dlq-replay-{uuid.uuid4().hex[:8]}"})
+    producer = Producer(kafka.config({"enable.idempotence": True, "acks": "all",
+                                      "client.id": f"tangram-dlq-replay-{uuid.uuid4().hex[:8]}"}))
     failures: list[str] = []
 
     def settled(err: KafkaError | None, msg) -> None:

@@ -71,3 +71,7 @@ class ConfigValidationError(ConfigCenterError):
 
 class DriftBaselineError(TangramError):
     """The training baseline of a drift job cannot be rebuilt or does not match the model card."""
+
+
+class PayloadError(TangramError):
+    """A payload stored by reference is missing or its content differs from its digest."""

@@ -29,6 +29,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from streams.errors import StackError
+from streams.security.local import processor_env
 from streams.settings import StackSettings
 from streams.topology import Topology, load_topology
 
@@ -78,7 +79,7 @@ class Processors:
         self.names = names or list(self.topology.processors)
         self.procs: dict[tuple[str, int], subprocess.Popen] = {}
         self.ports: dict[tuple[str, int], int] = {}
-        self.admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        self.admin = AdminClient(stack.kafka.config())
 
     def __enter__(self) -> "Processors":
         return self
@@ -96,8 +97,8 @@ class Processors:
         self.stack.logs_dir.mkdir(parents=True, exist_ok=True)
         suffix = f"-{replica}" if self.topology.processors[name].replicas > 1 else ""
         log = (self.stack.logs_dir / f"processor-{name}{suffix}.log").open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.update({f"TANGRAM_{k.upper()}": str(v) for k, v in self.stack.model_dump().items() if v is not None})
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.stack.environ()}
+        env.update(processor_env(self.stack, self.topology, name))  # its own principal on a secured stack
         command = [sys.executable, "-m", "streams", "run", str(self.topology_path), name]
         port = self._metrics_port(name, replica)
         if port:
@@ -200,8 +201,20 @@ def high_watermarks(consumer: Consumer, topology: Topology, topics: list[str] | 
     return out
 
 
-def wait_quiet(consumer: Consumer, topology: Topology, quiet_s: float = 3.0, timeout_s: float = 30.0) -> None:
-    """Wait until no topic of the topology grows for ``quiet_s``: every processor has caught up."""
+def quiet_period_s(topology: Topology, floor_s: float = 3.0) -> float:
+    """How long the topics may stay still while a processor is still busy: its longest declared call deadline.
+
+    A processor whose micro-batch waits on a slow service (OCR on a CPU Triton: seconds a batch)
+    produces nothing until the call returns, and the topology declares how long that may take.
+    """
+    deadlines = [call.timeout_ms / 1000 for spec in topology.processors.values() for call in spec.calls]
+    return max([floor_s, *deadlines])
+
+
+def wait_quiet(consumer: Consumer, topology: Topology, quiet_s: float | None = None, timeout_s: float = 30.0) -> None:
+    """Wait until no topic of the topology grows for ``quiet_s`` (default: :func:`quiet_period_s`): every
+    processor has caught up."""
+    quiet_s = quiet_period_s(topology) if quiet_s is None else quiet_s
     deadline = time.monotonic() + timeout_s
     last, since = sum(high_watermarks(consumer, topology).values()), time.monotonic()
     while time.monotonic() < deadline:

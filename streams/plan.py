@@ -21,6 +21,7 @@ from streams.constraints import violations
 from streams.errors import TopologyError
 from streams.lifecycle.repository import install_models, pending_installs
 from streams.schemas_check import load_levels
+from streams.security.local import provision_app
 from streams.settings import StackSettings
 from streams.topology import Topology
 
@@ -29,13 +30,13 @@ TIMEOUT_S = 15.0
 
 @dataclass(frozen=True)
 class Change:
-    kind: str  # create-topic | add-partitions | alter-config | set-compatibility | register-schema | install-model
+    kind: str  # create-topic | add-partitions | alter-config | set-compatibility | register-schema | install-model | grant
     target: str
     detail: str
 
 
 def _admin(stack: StackSettings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    return AdminClient(stack.kafka.config())
 
 
 def plan(topology: Topology, stack: StackSettings, *, models: bool = True) -> list[Change]:
@@ -54,7 +55,7 @@ def plan(topology: Topology, stack: StackSettings, *, models: bool = True) -> li
     try:
         existing = admin.list_topics(timeout=TIMEOUT_S).topics
     except KafkaException as exc:
-        raise TopologyError(f"cannot reach Kafka at {stack.bootstrap_servers}: {exc}; is the stack up (`tangram up`)?") from exc
+        raise TopologyError(f"cannot reach Kafka at {stack.kafka}: {exc}; is the stack up (`tangram up`)?") from exc
     changes: list[Change] = []
     to_describe = []
     for name, spec in topology.topics.items():
@@ -87,10 +88,10 @@ def plan(topology: Topology, stack: StackSettings, *, models: bool = True) -> li
             registry.lookup_schema(subject, Schema(text, "AVRO"))
         except SchemaRegistryError as exc:
             if exc.http_status_code != 404:
-                raise TopologyError(f"registry at {stack.registry_url} failed looking up {subject}: {exc}") from exc
+                raise TopologyError(f"registry at {stack.registry_address} failed looking up {subject}: {exc}") from exc
             changes.append(Change("register-schema", subject, str(topology.schema_path(subject))))
         except Exception as exc:  # connection refused and friends
-            raise TopologyError(f"cannot reach the schema registry at {stack.registry_url}: {exc}") from exc
+            raise TopologyError(f"cannot reach the schema registry at {stack.registry_address}: {exc}") from exc
     if models:
         changes += [Change("install-model", model, detail) for model, detail in pending_installs(topology, stack).items()]
     return changes
@@ -135,6 +136,8 @@ def apply(topology: Topology, stack: StackSettings, *, models: bool = True) -> l
             except SchemaRegistryError as exc:
                 raise TopologyError(f"registry refused {c.target}: {exc}") from exc
     install_models(topology, stack, [c.target for c in changes if c.kind == "install-model"])
+    if stack.secure:  # every principal of the app, its ACLs and Redis users (idempotent, so every apply)
+        changes += [Change("grant", line, "from the topology") for line in provision_app(topology, stack)]
     return changes
 
 

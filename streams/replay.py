@@ -74,9 +74,9 @@ def runs_dir(stack: StackSettings) -> Path:
 
 def _consumer(stack: StackSettings) -> Consumer:
     # A group id is required by librdkafka; this one is never joined (assign) and never commits.
-    return Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"tangram-replay-{uuid.uuid4().hex}",
-                     "enable.auto.commit": False, "enable.auto.offset.store": False,
-                     "isolation.level": "read_committed"})
+    return Consumer(stack.kafka.config({"group.id": f"tangram-replay-{uuid.uuid4().hex}",
+                                        "enable.auto.commit": False, "enable.auto.offset.store": False,
+                                        "isolation.level": "read_committed"}))
 
 
 def resolve_ranges(consumer: Consumer, topic: str, partitions: int, *, start_offset: int | None = None,
@@ -102,9 +102,9 @@ def copy_range(stack: StackSettings, source: str, target: str, ranges: dict[int,
     """Copy records, keeping key, value, headers, timestamp and partition; returns the count."""
     consumer = _consumer(stack)
     failures: list[str] = []
-    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 20, "compression.type": "lz4", "delivery.report.only.error": True,
-                         "on_delivery": lambda err, _: failures.append(str(err)) if err else None})
+    producer = Producer(stack.kafka.config({"enable.idempotence": True, "acks": "all",
+                                            "linger.ms": 20, "compression.type": "lz4", "delivery.report.only.error": True,
+                                            "on_delivery": lambda err, _: failures.append(str(err)) if err else None}))
     wanted = {p: r for p, r in ranges.items() if r[1] > r[0]}
     consumer.assign([TopicPartition(source, p, lo) for p, (lo, _) in wanted.items()])
     position = {p: lo for p, (lo, _) in wanted.items()}
@@ -207,7 +207,7 @@ def list_runs(stack: StackSettings) -> list[Run]:
 def delete_run(stack: StackSettings, run_id: str) -> tuple[list[str], list[str]]:
     """Remove the run's topics and consumer groups (its backtests' included) and its folder."""
     run = load_run(stack, run_id)
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    admin = AdminClient(stack.kafka.config())
     mine = lambda name: name.startswith(f"{run.prefix}.") or name.startswith(f"{run.prefix}_")  # noqa: E731
     topics = sorted(t for t in admin.list_topics(timeout=10).topics if mine(t))
     groups = sorted(g.group_id for g in admin.list_consumer_groups().result(timeout=10).valid if mine(g.group_id))
@@ -271,8 +271,8 @@ def _progress_until_consumed(stack: StackSettings, topology: Topology, topic: st
     reader = next((n for n, p in topology.processors.items() if topic in p.inputs), None)
     if reader is None:
         raise TopologyError(f"no processor of app {topology.app!r} reads the replayed topic {topic!r}")
-    probe = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": topology.group(reader),
-                      "enable.auto.commit": False})
+    probe = Consumer(stack.kafka.config({"group.id": topology.group(reader),
+                                         "enable.auto.commit": False}))
     tps = [TopicPartition(topic, p) for p in range(topology.partitions(topic))]
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
                TimeElapsedColumn())

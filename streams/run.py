@@ -56,7 +56,7 @@ def make_runner(topology: Topology, name: str, stack: StackSettings) -> Runner:
     return Runner(
         processor,
         RunnerConfig(
-            bootstrap_servers=stack.bootstrap_servers,
+            kafka=stack.kafka,
             group_id=topology.group(name),
             inputs=tuple(spec.inputs),
             batch_size=spec.batch_size,

@@ -151,8 +151,8 @@ def build_simulator(topology: Topology, *, entities: int = 20, seed: int = 7) ->
 
 def producer(stack: StackSettings, **extra: Any) -> Producer:
     """An idempotent producer for simulated records (``acks=all``)."""
-    return Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "acks": "all",
-                     "linger.ms": 5, "compression.type": "lz4", **extra})
+    return Producer(stack.kafka.config({"enable.idempotence": True, "acks": "all",
+                                        "linger.ms": 5, "compression.type": "lz4", **extra}))
 
 
 def send_truth(stack: StackSettings, simulator: Simulator, start_ms: int, out: Producer) -> int:

@@ -4,7 +4,8 @@
 (Avro topics through the registry, JSON topics with orjson, bytes as they are), dead-letter what
 cannot be decoded or what the stage's own code fails on (the original bytes, the reason in the
 headers), encode what it returns into the declared output topic's contract, carry the trace
-headers and give every output a deterministic ``event_id``. The delivery loop
+headers (a record that entered Kafka without passing an ingest hop gets them: ``ingest_ms`` from its
+Kafka timestamp and a trace id of its own) and give every output a deterministic ``event_id``. The delivery loop
 (:mod:`streams.delivery`) does the rest: commit after the outputs are acknowledged, exactly-once
 on request, backpressure. A stage of an app is a class in the app's plugin code, named in its
 topology::
@@ -39,6 +40,7 @@ crash or an outage re-delivers what was not written (writes must be idempotent b
 
 from __future__ import annotations
 
+import hashlib
 from abc import abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,7 +52,9 @@ from pydantic import BaseModel, ConfigDict
 from streams.avro import AvroCodec
 from streams.wire import WireFormatError
 from streams.context import BuildContext
-from streams.delivery import H_EVENT_ID, Output, Processor, Record, carry_headers, dead_letter
+from streams.delivery import (
+    H_EVENT_ID, H_INGEST_MS, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter,
+)
 from streams.errors import BackpressureError, TopologyError
 
 
@@ -169,6 +173,7 @@ class Stage(Processor):
         items = [result] if isinstance(result, (dict, bytes, Emit)) else list(result)
         source_id = record.header(H_EVENT_ID) or record.where
         outputs = []
+        origin = _origin(record, source_id)
         try:
             for i, item in enumerate(items):
                 emit = item if isinstance(item, Emit) else Emit(item)
@@ -181,7 +186,7 @@ class Stage(Processor):
                     or (f"{self.name}:{source_id}" if len(items) == 1 else f"{self.name}:{source_id}:{i}")
                 key = emit.key if emit.key is not None else record.key
                 outputs.append(Output(topic, key, self.outputs[topic].encode(emit.value),
-                                      carry_headers(record, **{H_EVENT_ID: str(event_id)})))
+                                      carry_headers(record, **{H_EVENT_ID: str(event_id)}, **origin)))
         except TopologyError:
             raise  # the app's code and its topology disagree: stop, no record is at fault
         except Exception as exc:  # a value the output contract refuses: the input record goes to the DLQ
@@ -208,6 +213,17 @@ class Sink(Stage):
             outputs.extend(dead_letter(records[i], self.dlq_topic, self.name, exc, _reason(exc))
                            for i, exc in sorted(refused.items()))
         return outputs
+
+
+def _origin(record: Record, source_id: str) -> dict[str, str]:
+    """The tracing headers a record that entered Kafka without an ingest hop lacks (a stage reading what
+    producers wrote straight to a topic is that hop): when it entered Kafka, and a trace id of its own."""
+    origin = {}
+    if H_INGEST_MS not in record.headers and record.timestamp_ms > 0:
+        origin[H_INGEST_MS] = str(record.timestamp_ms)
+    if H_TRACE_ID not in record.headers:
+        origin[H_TRACE_ID] = hashlib.sha256(source_id.encode()).hexdigest()[:32]
+    return origin
 
 
 def _reason(error: BaseException) -> str:

@@ -33,6 +33,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.errors import StateLogError
+from streams.security.kafka import KafkaConnection
 
 #: Errors of a partition whose leader is being elected: asked again until the deadline.
 _LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
@@ -69,24 +70,26 @@ class LogRecord:
 class StateTopic:
     """A one-partition compacted topic holding JSON state records."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, timeout_s: float = 10.0) -> None:
-        self.bootstrap_servers = bootstrap_servers
+    def __init__(self, kafka: KafkaConnection, topic: str, timeout_s: float = 10.0, replication_factor: int = 1) -> None:
+        self.kafka = kafka
         self.topic = topic
         self.timeout_s = timeout_s
+        self.replication_factor = replication_factor
         self._producer: Producer | None = None
 
     def ensure(self) -> None:
         """Create the topic (1 partition, compacted) if it is missing."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        admin = AdminClient(self.kafka.config())
         try:
             metadata = admin.list_topics(timeout=self.timeout_s)
         except KafkaException as exc:
             raise StateLogError(
-                f"Kafka at {self.bootstrap_servers} is unreachable ({exc}); start the stack first (`tangram up`)."
+                f"Kafka at {self.kafka} is unreachable ({exc}); start the stack first (`tangram up`)."
             ) from exc
         if self.topic in metadata.topics:
             return
-        new = NewTopic(self.topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})
+        new = NewTopic(self.topic, num_partitions=1, replication_factor=self.replication_factor,
+                       config={"cleanup.policy": "compact"})
         future = admin.create_topics([new], operation_timeout=self.timeout_s)[self.topic]
         try:
             future.result(timeout=self.timeout_s)
@@ -109,7 +112,7 @@ class StateTopic:
 
     def replay(self, start: int = 0) -> Iterator[LogRecord]:
         """Every readable record from offset ``start`` (default: the beginning) up to the topic's current end."""
-        consumer = Consumer(_consumer_conf(self.bootstrap_servers, "replay"))
+        consumer = Consumer(_consumer_conf(self.kafka, "replay"))
         try:
             low, high = self._watermarks(consumer)
             position = max(low, start)
@@ -141,7 +144,7 @@ class StateTopic:
             except KafkaException as exc:
                 error = exc.args[0]
                 if not (error.retriable() or error.code() in _LEADER_MOVING) or time.monotonic() >= deadline:
-                    raise StateLogError(f"cannot read {self.topic} at {self.bootstrap_servers}: {exc}; "
+                    raise StateLogError(f"cannot read {self.topic} at {self.kafka}: {exc}; "
                                         "is Kafka up and the topic created?") from exc
                 time.sleep(0.2)
 
@@ -149,13 +152,12 @@ class StateTopic:
         """Produce ``records`` in order (idempotent, ``acks=all``); wait for every ack; return their offsets."""
         if self._producer is None:
             self._producer = Producer(
-                {
-                    "bootstrap.servers": self.bootstrap_servers,
+                self.kafka.config({
                     "enable.idempotence": True,
                     "acks": "all",
                     "linger.ms": 0,
                     "message.timeout.ms": int(self.timeout_s * 1000),
-                }
+                })
             )
         errors: list[str] = []
         offsets: list[int] = []
@@ -238,9 +240,9 @@ class TopicFollower:
     been handed over, so a restarted processor starts from the latest state, not a partial one.
     """
 
-    def __init__(self, bootstrap_servers: str, topic: str, on_record: Callable[[LogRecord], None], *,
+    def __init__(self, kafka: KafkaConnection, topic: str, on_record: Callable[[LogRecord], None], *,
                  name: str = "follower", poll_s: float = 0.05, timeout_s: float = 10.0) -> None:
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka
         self.topic = topic
         self.on_record = on_record
         self.name = name
@@ -260,7 +262,7 @@ class TopicFollower:
         """Block until the state that existed at start has been applied; StateLogError past the deadline."""
         if not self._caught_up.wait(self.timeout_s if timeout_s is None else timeout_s):
             detail = f": {self._failure}" if self._failure else ""
-            raise StateLogError(f"{self.name}: did not catch up with {self.topic} at {self.bootstrap_servers} "
+            raise StateLogError(f"{self.name}: did not catch up with {self.topic} at {self.kafka} "
                                 f"within {timeout_s or self.timeout_s}s{detail}; is Kafka up?")
 
     @property
@@ -274,7 +276,7 @@ class TopicFollower:
             self._thread.join(self.timeout_s)
 
     def _run(self) -> None:
-        consumer = Consumer({**_consumer_conf(self.bootstrap_servers, self.name), "fetch.wait.max.ms": 50})
+        consumer = Consumer({**_consumer_conf(self.kafka, self.name), "fetch.wait.max.ms": 50})
         try:
             high = self._initial_end(consumer)
             consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
@@ -318,14 +320,13 @@ class TopicFollower:
                 time.sleep(0.2)
 
 
-def _consumer_conf(bootstrap_servers: str, name: str) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": bootstrap_servers,
+def _consumer_conf(kafka: KafkaConnection, name: str) -> dict[str, Any]:
+    return kafka.config({
         "group.id": f"tangram-statelog-{name}-{uuid.uuid4().hex[:8]}",  # never commits: assign() only
         "enable.auto.commit": False,
         "enable.partition.eof": True,
         "isolation.level": "read_committed",
-    }
+    })
 
 
 def _parse(msg: Any, topic: str) -> LogRecord | None:

@@ -35,23 +35,24 @@ from streams.features.spec import FeatureSet
 from streams.launcher import Processors
 from streams.namespace import namespaced
 from streams.plan import apply
+from streams.security.kafka import KafkaConnection
 from streams.settings import StackSettings
 from streams.topology import Topology, load_topology, topology_file
 
 
-def create_topics(bootstrap: str, topics: Iterable[str], partitions: int = 3) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+def create_topics(kafka: KafkaConnection, topics: Iterable[str], partitions: int = 3) -> None:
+    admin = AdminClient(kafka.config())
     futures = admin.create_topics([NewTopic(t, partitions, 1) for t in topics])
     for future in futures.values():
         future.result(30)
 
 
-def produce_records(bootstrap: str, topic: str, codec: AvroCodec | None, records: list[dict], key: str,
+def produce_records(kafka: KafkaConnection, topic: str, codec: AvroCodec | None, records: list[dict], key: str,
                     id_field: str = "event_id") -> None:
     """Produce ``records`` (Avro with ``codec``, else JSON) keyed by their ``key`` field, in order, with their
     ``event_id`` and ``trace_id`` headers, and wait for every ack."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                         "compression.type": "lz4"})
+    producer = Producer(kafka.config({"enable.idempotence": True, "linger.ms": 20,
+                                      "compression.type": "lz4"}))
     for r in records:
         value = codec.encode(r) if codec is not None else orjson.dumps(r)
         event = str(r[id_field]).encode()
@@ -66,12 +67,12 @@ def produce_records(bootstrap: str, topic: str, codec: AvroCodec | None, records
         raise AssertionError(f"not every record reached {topic}")
 
 
-def read_rows(bootstrap: str, topic: str, codec: AvroCodec | None, partitions: int = 3,
+def read_rows(kafka: KafkaConnection, topic: str, codec: AvroCodec | None, partitions: int = 3,
               idle_s: float = 2.0, timeout_s: float = 120.0, count: int | None = None) -> list:
     """Every record of ``topic`` decoded (raw messages when ``codec`` is None), until ``count`` arrived or
     nothing new arrived for ``idle_s``."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer = Consumer(kafka.config({"group.id": f"reader-{uuid.uuid4().hex}",
+                                      "enable.auto.commit": False, "isolation.level": "read_committed"}))
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     out: list = []
     last, deadline = time.monotonic(), time.monotonic() + timeout_s
@@ -87,9 +88,9 @@ def read_rows(bootstrap: str, topic: str, codec: AvroCodec | None, partitions: i
     return out
 
 
-def count_records(bootstrap: str, topic: str, partitions: int = 3, timeout_s: float = 30.0) -> int:
+def count_records(kafka: KafkaConnection, topic: str, partitions: int = 3, timeout_s: float = 30.0) -> int:
     """The number of records in ``topic`` (sum of its end offsets), asking again while leaders move."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    consumer = Consumer(kafka.config({"group.id": "probe"}))
     deadline = time.monotonic() + timeout_s
     try:
         while True:
@@ -208,12 +209,12 @@ class AppHarness:
     def send(self, topic: str, records: list[dict], key: str, id_field: str = "event_id") -> None:
         """Produce ``records`` to the app's ``topic`` (Avro or JSON, as declared), keyed by their ``key`` field."""
         target = self.topic(topic)
-        produce_records(self.stack.bootstrap_servers, target, self._codec(target), records, key, id_field)
+        produce_records(self.stack.kafka, target, self._codec(target), records, key, id_field)
 
     def read(self, topic: str, count: int | None = None, idle_s: float = 3.0, timeout_s: float = 60.0) -> list[Any]:
         """The records of the app's ``topic`` decoded (raw messages for a JSON or bytes topic): until ``count``
         of them arrived, or nothing new for ``idle_s``."""
         target = self.topic(topic)
         assert self.topology is not None
-        return read_rows(self.stack.bootstrap_servers, target, self._codec(target), self.topology.partitions(target),
+        return read_rows(self.stack.kafka, target, self._codec(target), self.topology.partitions(target),
                          idle_s=idle_s, timeout_s=timeout_s, count=count)

@@ -190,6 +190,41 @@ class SimulatorSpec(_Model):
     params: dict[str, Any] = Field(default_factory=dict, description="Validated by the simulator's own settings.")
 
 
+class UploadSpec(_Model):
+    """Files producers upload over HTTP (``POST /v1/uploads/<name>``, ``multipart/form-data``) into an Avro topic.
+
+    The topic's contract holds the file in a bytes field (``["null", "bytes"]``) with a ``<field>_ref``
+    string beside it (a large file travels by reference, see ``payloads:``); the gateway fills the id,
+    time, file name and content type, and the fields the declared request headers carry. Checking the
+    file itself is the app's first stage's job, the same for files that arrive over Kafka.
+    """
+
+    topic: str = Field(description="The Avro topic the uploads go to.")
+    file_field: str = Field("file", description="The contract's bytes field (and multipart part name) of the file.")
+    id_field: str = Field(description="String field for the upload's id: the client's `X-Request-ID`, else a new one; "
+                                      "also the Kafka key and the `event_id` header.")
+    time_field: str = Field(description="Long field for the time the upload was received (epoch ms).")
+    headers: dict[str, str] = Field(default_factory=dict, description="Required request header → string field "
+                                                                      "(`X-Device-ID: device_id`).")
+    filename_field: str | None = Field(None, description="String field for the uploaded file's name, if any.")
+    content_type_field: str | None = Field(None, description="String field for the declared content type, if any.")
+    max_bytes: int = Field(8 * 1024 * 1024, ge=1, description="Larger files are refused with 413.")
+
+
+class PayloadsSpec(_Model):
+    """Large values stored beside Kafka, by reference (:mod:`streams.payloads`): an uploaded image, a file.
+
+    A contract holds such a value in a ``bytes`` field ``X`` (``["null", "bytes"]``) with a sibling string
+    field ``X_ref``; a value over ``inline_max_bytes`` goes to the store and only its reference travels.
+    """
+
+    inline_max_bytes: int = Field(262_144, ge=1, le=900_000, description=(
+        "Largest value carried inside a record; larger ones go to the store. At most 900 kB: a record stays "
+        "under Kafka's default 1 MB `message.max.bytes` with room for the other fields and headers."))
+    store: str = Field("payloads", description="The store's folder: relative to the stack's home "
+                                               "(`TANGRAM_HOME`), or absolute (a volume every processor mounts).")
+
+
 class Topology(_Model):
     app: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     description: str = ""
@@ -199,11 +234,13 @@ class Topology(_Model):
                                                 "relative to the app folder.")
     models: ModelsSpec = ModelsSpec()
     simulator: SimulatorSpec | None = None
+    payloads: PayloadsSpec | None = Field(None, description="Values stored by reference when over a size limit.")
     defaults: Defaults = Defaults()
     sla: Sla | None = None
     topics: dict[str, TopicSpec]
     processors: dict[str, ProcessorSpec] = Field(default_factory=dict)
     gateways: dict[str, GatewaySpec] = Field(default_factory=dict, description="Stream name → HTTP/MQTT ingest stream.")
+    uploads: dict[str, UploadSpec] = Field(default_factory=dict, description="Name → files uploaded over HTTP.")
 
     @model_validator(mode="after")
     def _references_resolve(self) -> "Topology":
@@ -224,11 +261,30 @@ class Topology(_Model):
         for topic, spec in self.topics.items():
             if spec.schema_ and not self.schema_path(spec.schema_).is_file():
                 raise ValueError(f"topic {topic!r}: no schema file {self.schema_path(spec.schema_)}")
+        for name, upload in self.uploads.items():
+            self._check_upload(name, upload)
+        if shared := sorted(set(self.uploads) & set(self.gateways)):
+            raise ValueError(f"{', '.join(shared)}: both a gateway stream and an upload; an API key names what it may "
+                             "write by that name, so give them different names")
         if self.simulator:
             for topic in (self.simulator.source, self.simulator.truth):
                 if topic and topic not in self.topics:
                     raise ValueError(f"simulator names topic {topic!r}, which is not declared under `topics`")
         return self
+
+    def _check_upload(self, name: str, upload: UploadSpec) -> None:
+        topic = self.topics.get(upload.topic)
+        if topic is None or topic.schema_ is None:
+            raise ValueError(f"upload {name!r}: topic {upload.topic!r} is not a declared Avro topic")
+        fields = {f["name"]: f["type"] for f in json.loads(self.schema_path(topic.schema_).read_text())["fields"]}
+        want = {upload.file_field: "bytes", f"{upload.file_field}_ref": "string", upload.id_field: "string",
+                upload.time_field: "long", **{f: "string" for f in upload.headers.values()},
+                **{f: "string" for f in (upload.filename_field, upload.content_type_field) if f}}
+        for field, kind in want.items():
+            declared = fields.get(field)
+            types = declared if isinstance(declared, list) else [declared]
+            if not any(t == kind or isinstance(t, dict) and t.get("type") == kind for t in types):
+                raise ValueError(f"upload {name!r}: the contract of {upload.topic!r} needs a {kind} field {field!r}")
 
     # -- the app folder ----------------------------------------------------------------
     @property

@@ -40,8 +40,8 @@ class Hop:
 
 def _scan(stack: StackSettings, topology: Topology, topic: str, since_ms: int, match, timeout_s: float = 20.0) -> list:
     """Records of ``topic`` from ``since_ms`` to its current end for which ``match(msg)`` holds."""
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"tangram-trace-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(stack.kafka.config({"group.id": f"tangram-trace-{uuid.uuid4().hex}",
+                                            "enable.auto.commit": False}))
     try:
         parts = range(topology.partitions(topic))
         starts = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in parts], timeout=10)

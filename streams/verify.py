@@ -53,8 +53,8 @@ class _Reader:
     """Reads given topics from their current end, collecting records until a predicate holds."""
 
     def __init__(self, stack: StackSettings, topology: Topology, topics: list[str]):
-        self.consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"tangram-verify-{uuid.uuid4().hex}",
-                                  "enable.auto.commit": False, "isolation.level": "read_committed"})
+        self.consumer = Consumer(stack.kafka.config({"group.id": f"tangram-verify-{uuid.uuid4().hex}",
+                                                     "enable.auto.commit": False, "isolation.level": "read_committed"}))
         start = high_watermarks(self.consumer, topology, topics)
         self.consumer.assign([TopicPartition(tp.topic, tp.partition, off) for tp, off in start.items()])
         self.records: list = []
@@ -110,7 +110,7 @@ class Verifier:
                                 f"{self.topology.app!r} declares neither")
         self.sink = self.topology.sla.sink if self.topology.sla else rules[0]
         self.sla_ms = self.topology.sla.p99_ms if self.topology.sla else None
-        self.producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True, "linger.ms": 2})
+        self.producer = Producer(stack.kafka.config({"enable.idempotence": True, "linger.ms": 2}))
         self.action_codec = topic_codec(self.topology, stack.registry_url, self.sink)
 
     # -- step 1 -------------------------------------------------------------------
@@ -139,8 +139,8 @@ class Verifier:
     def connectivity(self) -> list[Check]:
         checks = []
         t = time.perf_counter()
-        AdminClient({"bootstrap.servers": self.stack.bootstrap_servers}).list_topics(timeout=5)
-        checks.append(Check("2 connectivity", f"Kafka {self.stack.bootstrap_servers}", "answers within 5000 ms",
+        AdminClient(self.stack.kafka.config()).list_topics(timeout=5)
+        checks.append(Check("2 connectivity", f"Kafka {self.stack.kafka}", "answers within 5000 ms",
                             f"{(time.perf_counter() - t) * 1000:.1f} ms", True))
         declared: dict[str, int] = {}
         for spec in self.topology.processors.values():
@@ -178,7 +178,26 @@ class Verifier:
             finally:
                 worker.close()
             models.append(worker.settings.model)
-        return f"model(s) {', '.join(models)} match their contract" if models else "no inference processor"
+        if models:
+            return f"model(s) {', '.join(models)} match their contract"
+        return self._models_ready(timeout_s)
+
+    def _models_ready(self, timeout_s: float) -> str:
+        """An app whose models serve its own stages (no inference worker): each model of its repository is ready."""
+        import asyncio
+
+        from inference_workers.triton_client import ModelRepository
+        from streams.lifecycle.repository import model_dirs
+
+        async def ready() -> dict[str, set[str]]:
+            async with ModelRepository(self.stack.triton_grpc_url, timeout_s=timeout_s) as repository:
+                return {m.name: await repository.ready_versions(m.name) for m in model_dirs(self.topology.model_repository)}
+
+        served = asyncio.run(ready())
+        missing = sorted(name for name, versions in served.items() if not versions)
+        if missing:
+            raise TopologyError(f"model(s) {', '.join(missing)} not ready in Triton (`tangram apply` installs them)")
+        return "model(s) " + ", ".join(f"{n} v{','.join(sorted(v))}" for n, v in sorted(served.items())) + " ready"
 
     # -- step 3 -------------------------------------------------------------------
     def chain(self) -> list[Check]:
@@ -223,8 +242,8 @@ class Verifier:
         # Anything the victim's outputs carry with a create time after the kill comes from its successor.
         resumed = reader.until(lambda m: m.topic() == victim_out and m.timestamp()[1] / 1000 > killed_at, 90)
         resumed_in = resumed.timestamp()[1] / 1000 - killed_at if resumed else None
-        probe = Consumer({"bootstrap.servers": self.stack.bootstrap_servers, "group.id": "tangram-verify-probe"})
-        wait_quiet(probe, self.topology, quiet_s=3.0, timeout_s=60.0)
+        probe = Consumer(self.stack.kafka.config({"group.id": "tangram-verify-probe"}))
+        wait_quiet(probe, self.topology, timeout_s=120.0)
         probe.close()
         records = reader.drain()
         reader.close()

@@ -4,6 +4,6 @@ import sys
 from pathlib import Path
 
 _TESTS = Path(__file__).resolve().parent
-for folder in (_TESTS, _TESTS.parent / "topologies" / "predictive_maintenance"):
+for folder in (_TESTS, _TESTS.parent / "topologies" / "predictive_maintenance", _TESTS.parent / "topologies" / "document_intake"):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))

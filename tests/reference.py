@@ -16,6 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 #: The predictive-maintenance app: its folder and its topology file.
 PM = REPO / "topologies" / "predictive_maintenance"
 PM_TOPOLOGY = PM / "topology.yaml"
+#: The document-intake app (OCR on Triton): its folder.
+INTAKE = REPO / "topologies" / "document_intake"
 #: The same app folder as the image holds it (the Dockerfile copies topologies/ and schemas/ under /app).
 APP = "topologies/predictive_maintenance"
 IMAGE_APP = f"/app/{APP}"

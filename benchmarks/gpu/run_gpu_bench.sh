@@ -4,7 +4,8 @@
 # For a machine with an NVIDIA GPU, Docker and the NVIDIA container toolkit; CI never runs it.
 # It starts Kafka, the registry and Redis from the project's own stack (no local Triton), starts
 # nvcr.io/nvidia/tritonserver with the repository (ONNX Runtime backend, KIND_GPU instances),
-# runs benchmarks/bench_inference.py against it, and stops everything it started.
+# runs benchmarks/bench_inference.py and benchmarks/bench_intake.py (the document-intake app's PP-OCR models)
+# against it, and stops everything it started.
 #
 #   benchmarks/gpu/run_gpu_bench.sh                 # sweep 1..1024
 #   SIZES=64,256,1024 TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.08-py3 benchmarks/gpu/run_gpu_bench.sh
@@ -29,6 +30,10 @@ make .venv/.installed model >/dev/null
 REPO="$TANGRAM_HOME/model_repository"
 mkdir -p "$REPO"
 cp -r topologies/predictive_maintenance/model_repository/anomaly "$REPO/"
+# The document-intake app's PP-OCR models (copied out of the rapidocr-onnxruntime wheel by `make model`):
+# their configs name no instance kind, so Triton places them on the GPU as they are.
+cp -r topologies/document_intake/model_repository/ppocr_det topologies/document_intake/model_repository/ppocr_rec \
+  topologies/document_intake/model_repository/ppocr_cls "$REPO/"
 
 cleanup() {
   docker rm -f "$NAME" >/dev/null 2>&1 || true
@@ -58,3 +63,7 @@ curl -fsS "http://127.0.0.1:${TANGRAM_TRITON_HTTP_PORT}/v2/health/ready" >/dev/n
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 .venv/bin/python benchmarks/bench_inference.py --sizes "$SIZES" --rows "$ROWS"
+
+# The document-intake app against the same GPU Triton: documents/s through its OCR code with the models on
+# the GPU (vs onnxruntime in process on the CPU) and the recogniser's batching gain with GPU-sized requests.
+.venv/bin/python benchmarks/bench_intake.py --skip-app --documents "${DOCUMENTS:-32}" --rec-batches 1,16,64

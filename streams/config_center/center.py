@@ -14,6 +14,7 @@ from typing import Any
 from streams.config_center.schemas import DEFAULT_SCHEMAS, ConfigSchemas
 from streams.config_center.state import AppliedChange, ConfigOp, ConfigState, DiffLine, Scope, Snapshot, diff_cells
 from streams.errors import ConfigCenterError
+from streams.security.kafka import KafkaConnection
 from streams.statelog import Replica, StateTopic, default_actor
 
 log = logging.getLogger("tangram.config")
@@ -24,9 +25,9 @@ CONFIG_TOPIC = "_tangram.config"
 class ConfigCenter(Replica):
     """Set, read, diff, snapshot and restore configuration on ``_tangram.config``."""
 
-    def __init__(self, bootstrap_servers: str, topic: str = CONFIG_TOPIC, *, schemas: ConfigSchemas = DEFAULT_SCHEMAS,
+    def __init__(self, kafka: KafkaConnection, topic: str = CONFIG_TOPIC, *, schemas: ConfigSchemas = DEFAULT_SCHEMAS,
                  timeout_s: float = 10.0) -> None:
-        super().__init__(StateTopic(bootstrap_servers, topic, timeout_s), ConfigState(schemas=schemas))
+        super().__init__(StateTopic(kafka, topic, timeout_s), ConfigState(schemas=schemas))
 
     def change(self, ops: list[ConfigOp], author: str | None = None, reason: str = "",
                restored_from: str | None = None) -> AppliedChange:

@@ -28,7 +28,7 @@ ShareOpt = typer.Option(None, "--share", help="Scope: this stable hash share of 
 
 
 def _center(topic: str) -> ConfigCenter:
-    return ConfigCenter(StackSettings().bootstrap_servers, topic)
+    return ConfigCenter(StackSettings().kafka, topic)
 
 
 def _scope(prefix: Optional[str], share: Optional[float]) -> Scope | None:

@@ -10,6 +10,7 @@ value never reaches a processor:
 | ``feature-switch`` | on/off switches; ``degradation.level`` is the L0–L3 switch | ``bool``; ``"L0"``…``"L3"`` |
 | ``business-rule`` | rule sets (conditions → actions) | ``streams.rules.spec:RuleSetValue`` (compiled) |
 | ``monitor-threshold`` | alert thresholds (``latency_p95_ms`` …) | a finite number |
+| ``gateway-key`` | the gateways' API keys, hashed (``tangram keys``) | ``streams.security.keys:ApiKey`` |
 
 A declaration's type is a Python type (pydantic model, ``Literal``, ``bool``…) or a
 ``"module:Attr"`` string resolved on first use, so a processor package can own the schema of
@@ -29,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, Vali
 
 from streams.errors import ConfigValidationError
 
-NAMESPACES: tuple[str, ...] = ("model-config", "feature-switch", "business-rule", "monitor-threshold")
+NAMESPACES: tuple[str, ...] = ("model-config", "feature-switch", "business-rule", "monitor-threshold", "gateway-key")
 
 
 class _Frozen(BaseModel):
@@ -100,6 +101,8 @@ DEFAULT_DECLARATIONS: list[Declaration] = [
     Declaration("business-rule", "*", "streams.rules.spec:RuleSetValue",
                 "a rule set of the rule processor; every rule must compile"),
     Declaration("monitor-threshold", "*", Threshold, "an alert threshold (finite number)"),
+    Declaration("gateway-key", "*", "streams.security.keys:ApiKey",
+                "a gateway API key: identity, scopes, limits and the SHA-256 of its secret"),
 ]
 
 

@@ -1,6 +1,6 @@
 """The live config that processors embed: changes applied within a second, no restart.
 
-``ConfigSubscriber(bootstrap, name="rules", namespaces=["business-rule", "feature-switch"])``
+``ConfigSubscriber(stack.kafka, name="rules", namespaces=["business-rule", "feature-switch"])``
 follows ``_tangram.config`` in a background thread. Processors read values with ``get`` (by
 entity, for scoped values) on their hot path — a dictionary lookup under a lock — and may
 register ``on_change`` callbacks (called in the subscriber's thread) for changes that touch
@@ -25,6 +25,7 @@ from streams.config_center.center import CONFIG_TOPIC
 from streams.config_center.schemas import DEFAULT_SCHEMAS, ConfigSchemas
 from streams.config_center.state import AppliedChange, ConfigState
 from streams.errors import ConfigCenterError
+from streams.security.kafka import KafkaConnection
 from streams.statelog import Follows, LogRecord, TopicFollower
 
 log = logging.getLogger("tangram.config.subscriber")
@@ -41,7 +42,7 @@ Listener = Callable[[AppliedChange], None]
 class ConfigSubscriber(Follows):
     """Live, validated, versioned view of the config center for one processor."""
 
-    def __init__(self, bootstrap_servers: str, topic: str = CONFIG_TOPIC, *, name: str,
+    def __init__(self, kafka: KafkaConnection, topic: str = CONFIG_TOPIC, *, name: str,
                  namespaces: Iterable[str] | None = None, schemas: ConfigSchemas = DEFAULT_SCHEMAS,
                  timeout_s: float = 10.0) -> None:
         self.name = name
@@ -51,7 +52,7 @@ class ConfigSubscriber(Follows):
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._listeners: list[Listener] = []
-        self._follower = TopicFollower(bootstrap_servers, topic, self._on_record, name=f"config-{name}",
+        self._follower = TopicFollower(kafka, topic, self._on_record, name=f"config-{name}",
                                        timeout_s=timeout_s)
         VERSION.labels(name).set(0)
 

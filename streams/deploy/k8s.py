@@ -1,5 +1,9 @@
 """``tangram deploy k8s``: a Helm chart for one topology.
 
+Secured by default (docs/security.md): every processor is a Strimzi ``KafkaUser`` (SCRAM-SHA-512, the
+ACLs ``streams.security.acls`` generates from the topology) and connects with the password the User
+Operator puts in that user's Secret; the schema registry is Tangram's own, with basic auth and roles.
+
 The templates (``chart/templates``, package data) are the same for every application; what differs is
 ``values.yaml``, computed here from the topology: each processor's replicas, consumer group and inputs,
 its CPU request from the declared ``compute.target_utilization``, whether it may scale, every topic's
@@ -22,11 +26,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from streams import __version__
 from streams.errors import TangramError, TopologyError
 from streams.monitor.dashboards import DASHBOARDS, PROCESSOR_METRICS_PORT, dashboard_json
+from streams.security.acls import (
+    principal_grants, processor_principal, registry_grants, strimzi_acls,
+)
+from streams.security.local import REGISTRY_PRINCIPAL, REGISTRY_READER
+from streams.settings import OPERATOR
 from streams.topology import ProcessorSpec, Topology
 
 TEMPLATES = importlib.resources.files("streams.deploy") / "chart" / "templates"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.01-py3"      # docker-compose.yml's
-REGISTRY_IMAGE = "confluentinc/cp-schema-registry:7.7.1"   # docker-compose.yml's
 REDIS_IMAGE = "redis:7"                                    # docker-compose.yml's
 
 
@@ -41,6 +49,8 @@ class ChartSettings(BaseModel):
     lag_threshold: int = Field(1000, ge=1, description="Consumer lag per replica at which KEDA adds one.")
     memory_request: str = Field("256Mi", description="Each processor replica's memory request.")
     memory_limit: str = Field("1Gi", description="Each processor replica's memory limit.")
+    kafka_security: bool = Field(True, description="SASL_SSL (SCRAM-SHA-512) with a KafkaUser and ACLs per "
+                                                   "processor; off: PLAINTEXT, no users.")
 
 
 def _scales_with_partitions(topology: Topology, spec: ProcessorSpec) -> bool:
@@ -56,6 +66,7 @@ def _processor_values(topology: Topology, name: str, settings: ChartSettings) ->
                             "partitions; the extra replicas would sit idle")
     return {
         "replicas": spec.replicas,
+        "principal": processor_principal(topology, name),
         "group": topology.group(name),
         "inputs": list(spec.inputs),
         "autoscaling": _scales_with_partitions(topology, spec),
@@ -81,8 +92,21 @@ def chart_values(topology: Topology, settings: ChartSettings) -> dict:
         "kafka": {
             "cluster": settings.kafka_cluster,
             "host": f"{settings.kafka_cluster}-kafka-bootstrap",
-            "port": 9092,
+            "port": 9093 if settings.kafka_security else 9092,
             "strimziTopics": True,
+            "security": {
+                "enabled": settings.kafka_security,
+                "mechanism": "SCRAM-SHA-512",
+                "caSecret": f"{settings.kafka_cluster}-cluster-ca-cert",
+                "caKey": "ca.crt",
+                "operator": OPERATOR,
+            },
+            # one KafkaUser per principal: its ACLs from the topology (the operator's: a super user of the cluster)
+            "users": {
+                **{p: {"acls": strimzi_acls(grants)} for p, grants in principal_grants(topology).items()},
+                REGISTRY_PRINCIPAL: {"acls": strimzi_acls(registry_grants(REGISTRY_PRINCIPAL))},
+                OPERATOR: {"acls": []},
+            },
         },
         "autoscaling": {"enabled": True, "lagThreshold": settings.lag_threshold, "pollingInterval": 15,
                         "cooldownPeriod": 300},
@@ -100,7 +124,14 @@ def chart_values(topology: Topology, settings: ChartSettings) -> dict:
             "nodeSelector": {},
             "tolerations": [],
         },
-        "schemaRegistry": {"image": REGISTRY_IMAGE, "replicationFactor": topology.defaults.replication_factor},
+        "schemaRegistry": {
+            "replicationFactor": topology.defaults.replication_factor,
+            "principal": REGISTRY_PRINCIPAL,
+            # users.json (`tangram registry-user`): the operator as admin, the reader as read-only
+            "usersSecret": f"{topology.app}-registry-users",
+            "reader": {"user": REGISTRY_READER, "secret": f"{topology.app}-registry-reader", "key": "password"},
+            "admin": {"user": OPERATOR, "secret": f"{topology.app}-registry-admin", "key": "password"},
+        },
         "redis": {"image": REDIS_IMAGE, "existingSecret": f"{topology.app}-redis", "secretKey": "password",
                   "storage": "1Gi"},
         "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {}},
@@ -115,6 +146,10 @@ _VALUES_HEADER = """\
 #   scale it on consumer lag; the chart bounds that by the partitions of its narrowest input.
 # topics: the Strimzi KafkaTopics (kafka.strimziTopics: false when topics are managed elsewhere).
 # triton.gpu.enabled: an `nvidia.com/gpu` limit for Triton (on when an inference processor declares gpu).
+# kafka.security: SASL_SSL with SCRAM-SHA-512 on the cluster's SCRAM listener (kafka.port); kafka.users: a
+#   Strimzi KafkaUser per principal with the topology's ACLs (the operator's must be a super user of the cluster).
+# schemaRegistry: Tangram's registry with basic auth; create its users Secret (users.json) and the reader's
+#   and admin's password Secrets first.
 # redis.existingSecret: the Secret holding the Redis password (key redis.secretKey); create it first.
 # serviceMonitor / dashboards: Prometheus Operator ServiceMonitors and Grafana dashboard ConfigMaps.
 """

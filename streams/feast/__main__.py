@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from streams.features.spec import load_feature_set
+from streams.security.kafka import KafkaConnection, KafkaSecurity
 from streams.feast.repo import default_home, default_redis, repo_dir
 
 
@@ -80,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     fs = feature_sets[0][0]
     if args.command == "sync":
         from streams.feast.bridge import sync
-        stats = sync(fs, repo=repo, bootstrap=args.bootstrap, registry=args.registry,
+        kafka = KafkaConnection(args.bootstrap, KafkaSecurity.from_environ(os.environ))
+        stats = sync(fs, repo=repo, kafka=kafka, registry=args.registry,
                      topic=args.topic or fs.output.topic, group=args.group or f"tangram-feast-{fs.name}",
                      batch=args.batch, until_idle_s=args.until_idle_s, max_records=args.max_records)
         print(json.dumps(stats.as_dict()))

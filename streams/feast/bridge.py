@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 
 from streams.errors import SchemaError
+from streams.security.kafka import KafkaConnection
 from streams.features.spec import FeatureSet
 from streams.wire import RegistryREST, WireCodec
 from streams.feast.repo import EVENT_TIMESTAMP
@@ -70,7 +71,7 @@ def to_frame(fs: FeatureSet, rows: list[dict]):
     return frame
 
 
-def sync(fs: FeatureSet, *, repo: str, bootstrap: str, registry: str, topic: str, group: str,
+def sync(fs: FeatureSet, *, repo: str, kafka: KafkaConnection, registry: str, topic: str, group: str,
          batch: int = 1000, poll_s: float = 0.5, until_idle_s: float | None = None,
          max_records: int | None = None) -> SyncStats:
     """Push the rows of ``topic`` into Feast's online store until idle, ``max_records`` or SIGTERM."""
@@ -82,13 +83,12 @@ def sync(fs: FeatureSet, *, repo: str, bootstrap: str, registry: str, topic: str
     push_source = Names.of(fs).push_source
     store.get_data_source(push_source)  # fails now, with Feast's message, if `apply` has not run
     codec = WireCodec(RegistryREST(registry), fs.output.schema_)  # any writer id, read as the newest schema
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
+    consumer = Consumer(kafka.config({
         "group.id": group,
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
         "isolation.level": "read_committed",
-    })
+    }))
     stats = SyncStats()
     stopping = threading.Event()
     if threading.current_thread() is threading.main_thread():  # SIGTERM: finish the batch, commit, close

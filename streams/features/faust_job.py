@@ -26,16 +26,18 @@ the Feast project ``--project``.
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import logging
 import math
-import pickle
 import time
 
 import faust
 
 from streams.avro import codec
+from streams.settings import StackSettings
 from streams.wire import WireFormatError
-from streams.features.compute import EntityWindows, output_row
+from streams.features.compute import EntityWindows, OpenWindow, output_row
 from streams.features.layout import FeastLayout
 from streams.features.online import OnlineWriter
 from streams.features.spec import load_feature_set
@@ -43,6 +45,46 @@ from streams.features.spec import load_feature_set
 log = logging.getLogger("tangram.features.faust")
 
 CARRIED = ("event_id", "trace_id", "ingest_ms")
+
+
+def encode_state(state: EntityWindows, applied: dict[int, int]) -> bytes:
+    """An entity's window state as JSON for the changelog: plain data, so reading it back runs no code.
+
+    (It was a pickle: bytes from a topic that anyone able to write the changelog could turn into
+    code run here.) Header values are bytes, so they travel base64-encoded; NaN (a missing reading)
+    is JSON's ``NaN`` extension, which Python's json reads back.
+    """
+    return json.dumps({
+        "watermark": state.watermark, "emitted_end": state.emitted_end,
+        "applied": {str(p): o for p, o in applied.items()},
+        "open": [{"start": w.start, "ts": w.ts, "rows": w.rows,
+                  "last": {k: base64.b64encode(v).decode() for k, v in (w.last or {}).items() if v is not None}}
+                 for w in state.open.values()],
+    }, separators=(",", ":")).encode()
+
+
+def decode_state(data: bytes, state: EntityWindows) -> dict[int, int]:
+    """Restore ``state`` from :func:`encode_state`'s bytes; returns the last offset applied per partition.
+
+    ``ValueError`` (including a JSON error) for bytes that are not such a state.
+    """
+    saved = json.loads(data)
+    state.watermark, state.emitted_end = int(saved["watermark"]), int(saved["emitted_end"])
+    state.open = {}
+    for w in saved["open"]:
+        window = OpenWindow(int(w["start"]), None, [int(t) for t in w["ts"]], [[float(x) for x in r] for r in w["rows"]])
+        window.last = {str(k): base64.b64decode(v, validate=True) for k, v in w["last"].items()} or None
+        state.open[window.start] = window
+    return {int(p): int(o) for p, o in saved["applied"].items()}
+
+
+def broker_credentials() -> faust.SASLCredentials | None:
+    """Faust's credentials from this process's Kafka security (``TANGRAM_KAFKA_SECURITY``), as every client's."""
+    auth = StackSettings().kafka.security.aiokafka()
+    if auth["security_protocol"] == "PLAINTEXT":
+        return None
+    return faust.SASLCredentials(username=auth["sasl_plain_username"], password=auth["sasl_plain_password"],
+                                 mechanism=auth["sasl_mechanism"], ssl_context=auth["ssl_context"])
 
 
 def build_app(args: argparse.Namespace) -> faust.App:
@@ -55,6 +97,7 @@ def build_app(args: argparse.Namespace) -> faust.App:
         args.group, broker=f"kafka://{args.bootstrap}", store="memory://", web_enabled=False,
         topic_partitions=args.partitions, topic_replication_factor=1, consumer_auto_offset_reset="earliest",
         table_standby_replicas=0, stream_wait_empty=False, key_serializer="raw", value_serializer="raw",
+        broker_credentials=broker_credentials(),
     )
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     source = app.topic(args.source, internal=False, **raw)
@@ -82,7 +125,7 @@ def build_app(args: argparse.Namespace) -> faust.App:
             if saved is None:
                 (state.emitted_end,) = store.emitted_ends([entity])
             else:
-                state.watermark, state.emitted_end, state.open, applied = pickle.loads(saved)
+                applied = decode_state(saved, state)
             if msg.offset <= applied.get(msg.partition, -1):
                 continue  # re-delivered after a restart: already in the state
             try:
@@ -104,7 +147,7 @@ def build_app(args: argparse.Namespace) -> faust.App:
             if closed:
                 store.flush()
             applied = {**applied, msg.partition: msg.offset}
-            table[event.key] = pickle.dumps((state.watermark, state.emitted_end, state.open, applied))
+            table[event.key] = encode_state(state, applied)
 
     return app
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,16 +31,19 @@ from pyflink.datastream import StreamExecutionEnvironment
 from pyflink.table import StreamTableEnvironment
 
 from streams.features.spec import load_feature_set
+from streams.security.kafka import KafkaSecurity
 from streams.flink.functions import LATE, RECORD, WindowFunction
 
 log = logging.getLogger("tangram.flink")
 
 
-def _kafka_table(name: str, topic: str, bootstrap: str, *, source: bool, group: str = "", bounded: bool = False) -> str:
+def _kafka_table(name: str, topic: str, bootstrap: str, *, source: bool, group: str = "", bounded: bool = False,
+                 security: KafkaSecurity) -> str:
     opts = {
         "connector": "kafka",
         "topic": topic,
         "properties.bootstrap.servers": bootstrap,
+        **{f"properties.{k}": v for k, v in security.java(shaded=True).items()},
         "key.format": "raw",
         "key.fields": "k",
         "value.format": "raw",
@@ -53,7 +57,7 @@ def _kafka_table(name: str, topic: str, bootstrap: str, *, source: bool, group: 
     else:
         opts.update({"sink.delivery-guarantee": "at-least-once", "properties.enable.idempotence": "true",
                      "properties.acks": "all"})
-    with_ = ", ".join(f"'{k}' = '{v}'" for k, v in opts.items())
+    with_ = ", ".join(f"'{k}' = '{str(v).replace(chr(39), chr(39) * 2)}'" for k, v in opts.items())
     return (f"CREATE TEMPORARY TABLE `{name}` (k STRING, v BYTES, headers MAP<STRING, BYTES> METADATA) "
             f"WITH ({with_})")
 
@@ -63,10 +67,11 @@ def build_job(t_env: StreamTableEnvironment, env: StreamExecutionEnvironment, ar
     fs = load_feature_set(args.feature_set)
     source_topic = args.source or fs.source.topic
     output_topic = args.output or fs.output.topic
+    security = KafkaSecurity.from_environ(os.environ)  # TANGRAM_KAFKA_SECURITY, as every client reads it
     t_env.execute_sql(_kafka_table("source", source_topic, args.bootstrap, source=True, group=args.group,
-                                   bounded=args.bounded))
-    t_env.execute_sql(_kafka_table("features", output_topic, args.bootstrap, source=False))
-    t_env.execute_sql(_kafka_table("dlq", args.dlq, args.bootstrap, source=False))
+                                   bounded=args.bounded, security=security))
+    t_env.execute_sql(_kafka_table("features", output_topic, args.bootstrap, source=False, security=security))
+    t_env.execute_sql(_kafka_table("dlq", args.dlq, args.bootstrap, source=False, security=security))
     records = t_env.to_data_stream(t_env.from_path("source")).map(
         lambda r: Row(k=r[0], v=r[1], headers=r[2]), output_type=RECORD)
     function = WindowFunction(str(args.feature_set), args.registry, fs.source.schema_,

@@ -13,7 +13,8 @@ import typer
 from streams.settings import StackSettings
 
 schemas_app = typer.Typer(help="Data contracts: an app's Avro schemas and their compatibility.", no_args_is_help=True)
-gateway_app = typer.Typer(help="Ingest gateways: HTTP and MQTT producers reach the ingest contracts.", no_args_is_help=True)
+gateway_app = typer.Typer(help="Ingest gateways: HTTP and MQTT producers reach the ingest contracts; HTTP uploads of files.",
+                          no_args_is_help=True)
 dlq_app = typer.Typer(help="Dead-letter topics: inspect refused records, replay them after a fix.", no_args_is_help=True)
 
 
@@ -64,9 +65,25 @@ def gateway_http(
     from streams.gateway.http import HttpGatewaySettings, serve
 
     overrides = {k: v for k, v in {"port": port, "host": host}.items() if v is not None}
-    stack = StackSettings()
+    stack = _gateway_stack(topology)
     _metrics(metrics_port, stack)
     serve(topology, stream, stack, HttpGatewaySettings(**overrides))
+
+
+@gateway_app.command("upload")
+def gateway_upload(
+    topology: Path = typer.Argument(..., help="The app (its folder or topology file): its `uploads:` are served."),
+    port: Optional[int] = typer.Option(None, help="Listen port (default 8089, or TANGRAM_UPLOAD_GATEWAY_PORT)."),
+    host: Optional[str] = typer.Option(None, help="Listen address (default 127.0.0.1)."),
+    metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics on this port."),
+) -> None:
+    """Serve POST /v1/uploads/{name} (multipart/form-data files) until SIGTERM."""
+    from streams.gateway.upload import UploadGatewaySettings, serve
+
+    overrides = {k: v for k, v in {"port": port, "host": host}.items() if v is not None}
+    stack = _gateway_stack(topology)
+    _metrics(metrics_port, stack)
+    serve(topology, stack, UploadGatewaySettings(**overrides))
 
 
 @gateway_app.command("mqtt")
@@ -81,9 +98,29 @@ def gateway_mqtt(
     from streams.gateway.mqtt import MqttGatewaySettings, serve
 
     overrides = {k: v for k, v in {"host": broker_host, "port": broker_port}.items() if v is not None}
-    stack = StackSettings()
+    stack = _gateway_stack(topology)
+    settings = MqttGatewaySettings(**overrides)
+    operator = StackSettings()
+    if operator.secure and settings.username is None:  # its broker user, as `tangram gateway mqtt-auth` wrote it
+        from streams.security.acls import gateway_principal
+        from streams.topology import load_topology
+
+        user = gateway_principal(load_topology(topology))
+        settings = MqttGatewaySettings(**overrides, username=user, password=operator.secrets.get("mqtt", user))
     _metrics(metrics_port, stack)
-    serve(topology, stream, stack, MqttGatewaySettings(**overrides))
+    serve(topology, stream, stack, settings)
+
+
+def _gateway_stack(topology: Path) -> StackSettings:
+    """The gateway's settings: on a secured local stack, the app's gateway principal, never the operator."""
+    stack = StackSettings()
+    if not stack.secure:
+        return stack
+    from streams.security.acls import gateway_principal
+    from streams.security.local import settings_as
+    from streams.topology import load_topology
+
+    return settings_as(stack, gateway_principal(load_topology(topology)))
 
 
 def _metrics(port: int | None, stack: StackSettings) -> None:
@@ -108,7 +145,7 @@ def dlq_inspect(
 
     from streams.dlq import read
 
-    letters = list(read(StackSettings().bootstrap_servers, topic, from_offset=from_offset, reason=reason, limit=limit))
+    letters = list(read(StackSettings().kafka, topic, from_offset=from_offset, reason=reason, limit=limit))
     table = Table(title=f"{topic}: {len(letters)} record(s)" + (f" with reason {reason}" if reason else ""))
     for col in ("partition@offset", "key", "reason", "stage", "message", "source", "value"):
         table.add_column(col, overflow="fold")
@@ -137,7 +174,7 @@ def dlq_replay(
 
     from streams.dlq import replay
 
-    n = replay(StackSettings().bootstrap_servers, topic, to, reason=reason, from_offset=from_offset, limit=limit,
+    n = replay(StackSettings().kafka, topic, to, reason=reason, from_offset=from_offset, limit=limit,
                dry_run=dry_run)
     Console().print(f"{'would replay' if dry_run else 'replayed'} {n} record(s) from {topic} to {to}"
                     + (f" (reason {reason})" if reason else ""))

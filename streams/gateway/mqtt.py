@@ -7,6 +7,12 @@ only after Kafka acknowledged what it became: the reading on the ingest topic, o
 letter on the DLQ. A crash in between means the broker redelivers it; the duplicate is
 dropped by ``event_id``. A device cannot be told to slow down, so readings over a rate limit
 go to the DLQ with reason ``rate_limited`` (counted), like every other refusal.
+
+The adapter logs in to the broker (``username``/``password``, the app's gateway principal); the
+broker's password and ACL files (``streams.gateway.mqtt_auth``) let each device publish on its
+own topic only, so the topic names the device. Each device topic has a dead-letter budget: once
+it is spent, its refused messages are acknowledged and counted but not written, so one device
+cannot fill the DLQ.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 from prometheus_client import Counter
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streams.gateway.errors import GatewayError
+from streams.gateway.quota import Limits, Quotas
 from streams.gateway.sink import KafkaSink
 from streams.gateway.stream import IngestStream
 from streams.ingest import Rejected
@@ -45,6 +52,10 @@ class MqttGatewaySettings(BaseSettings):
     qos: int = Field(1, ge=0, le=2, description="Subscription QoS (1: at-least-once from the device).")
     keepalive_s: int = Field(30, ge=5, description="MQTT keepalive.")
     connect_timeout_s: float = Field(10.0, gt=0, description="How long to wait for the broker at start.")
+    username: str | None = Field(None, description="The adapter's user at the broker (the app's gateway principal).")
+    password: SecretStr | None = Field(None, description="Its password (from a secret).")
+    dlq_per_hour: int = Field(1000, ge=0, description="Dead letters each device topic may cause per hour; beyond, "
+                                                      "its refused messages are counted and dropped.")
 
 
 class MqttGateway:
@@ -59,6 +70,7 @@ class MqttGateway:
         self.sink = sink
         self.settings = settings
         self._subscribed = threading.Event()
+        self._refused: str | None = None
         self._lock = threading.Lock()  # the validator's state is shared by the network thread only, but be explicit
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False,
                                   protocol=mqtt.MQTTv311, manual_ack=True)
@@ -66,6 +78,13 @@ class MqttGateway:
         self.client.on_subscribe = self._on_subscribe
         self.client.on_message = self._on_message
         self.client.on_disconnect = self._on_disconnect
+        if settings.username:
+            self.client.username_pw_set(settings.username,
+                                        settings.password.get_secret_value() if settings.password else None)
+        self.quotas = Quotas("mqtt")
+        # a device cannot be slowed down, so its rate is the topology's per-client limit (a dead letter
+        # beyond it); what is budgeted here is the dead letters
+        self.limits = Limits(rate_per_s=1e9, burst=10**9, dlq_per_hour=settings.dlq_per_hour)
 
     def start(self) -> None:
         s = self.settings
@@ -76,6 +95,9 @@ class MqttGateway:
         self.client.loop_start()
         if not self._subscribed.wait(s.connect_timeout_s):
             self.stop()
+            if self._refused:
+                raise GatewayError(f"the MQTT broker at {s.host}:{s.port} refused the adapter ({self._refused}); "
+                                   "check its username and password")
             raise GatewayError(f"MQTT broker at {s.host}:{s.port} did not accept the subscription to "
                                f"{', '.join(self.topics)} within {s.connect_timeout_s}s")
         log.info("%s: MQTT %s:%d %s → %s", self.stream.name, s.host, s.port, ",".join(self.topics), self.stream.output_topic)
@@ -88,6 +110,7 @@ class MqttGateway:
     def _on_connect(self, client: mqtt.Client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
             log.error("MQTT connection refused: %s", reason_code)
+            self._refused = str(reason_code)
             return
         client.subscribe([(t, self.settings.qos) for t in self.topics])
 
@@ -109,6 +132,10 @@ class MqttGateway:
                 record = stream.validator.admit(None, msg.payload, now_ms, client=msg.topic)
             except Rejected as exc:
                 log.info("%s mid=%d refused: %s: %s", source, msg.mid, exc.reason, exc)
+                if self.quotas.dead_letters(msg.topic, self.limits, 1) > 0:  # its budget is spent: counted, not written
+                    MESSAGES.labels(stream.name, "dlq_budget").inc()
+                    self._ack(msg)
+                    return
                 MESSAGES.labels(stream.name, "rejected").inc()
                 output = stream.rejected(exc, msg.payload, source, client=msg.topic, offset=msg.mid)
                 record = None
@@ -144,7 +171,7 @@ def serve(topology_path: str | Path, names: list[str] | None, stack: StackSettin
     names = names or [n for n, g in topology.gateways.items() if g.mqtt_topics]
     if not names:
         raise GatewayError(f"topology {topology.app!r} declares no gateway stream with `mqtt_topics:`")
-    sink = KafkaSink(stack.bootstrap_servers, f"{topology.app}.gateway.mqtt", name="gateway.mqtt")
+    sink = KafkaSink(stack.kafka, f"{topology.app}.gateway.mqtt", name="gateway.mqtt")
     stop = stop or threading.Event()
     gateways = []
     try:

@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from streams.delivery import RECORDS_OUT, Output
 from streams.gateway.errors import GatewayError
+from streams.security.kafka import KafkaConnection
 
 log = logging.getLogger("tangram.gateway")
 
@@ -26,11 +27,10 @@ Done = Callable[[list[str]], None]
 class KafkaSink:
     """Produces outputs and reports per batch when the broker has acknowledged all of them."""
 
-    def __init__(self, bootstrap_servers: str, client_id: str, *, name: str = "gateway", delivery_timeout_s: float = 30.0):
+    def __init__(self, kafka: KafkaConnection, client_id: str, *, name: str = "gateway", delivery_timeout_s: float = 30.0):
         self.name = name
         self.delivery_timeout_s = delivery_timeout_s
-        self.producer = Producer({
-            "bootstrap.servers": bootstrap_servers,
+        self.producer = Producer(kafka.config({
             "client.id": client_id,
             "enable.idempotence": True,  # forces acks=all and ordered, duplicate-free retries
             "acks": "all",
@@ -38,7 +38,7 @@ class KafkaSink:
             "compression.type": "lz4",
             "delivery.timeout.ms": int(delivery_timeout_s * 1000),
             "queue.buffering.max.messages": 1_000_000,
-        })
+        }))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"{name}-delivery", daemon=True)
         self._thread.start()

@@ -46,6 +46,7 @@ from streams.errors import TopologyError
 from streams.lifecycle.canary import CanaryController, Decision, Verdict
 from streams.lifecycle.registry import MODELS_TOPIC, ModelRegistry
 from streams.lifecycle.watcher import ModelRegistryWatcher
+from streams.security.kafka import KafkaConnection
 from streams.statelog import StateTopic
 
 log = logging.getLogger("tangram.lifecycle.canary_job")
@@ -89,10 +90,10 @@ class CanaryJob(Processor):
     name = "canary"
     singleton = True  # its decisions are the model's, not a partition's
 
-    def __init__(self, *, codecs: dict[str, AvroCodec], bootstrap_servers: str, settings: CanaryJobSettings,
+    def __init__(self, *, codecs: dict[str, AvroCodec], kafka: KafkaConnection, settings: CanaryJobSettings,
                  actor: str, dlq_topic: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.codecs = codecs
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka
         self.settings = settings
         self.actor = actor
         self.dlq_topic = dlq_topic
@@ -116,15 +117,15 @@ class CanaryJob(Processor):
             if topic.split(".")[1:2] != ["predictions"]:
                 raise TopologyError(f"canary processor {ctx.name!r}: input {topic!r} is not a predictions topic "
                                     "(`<app>.predictions.*`)")
-        return cls(codecs={t: ctx.codec(t) for t in ctx.spec.inputs}, bootstrap_servers=ctx.stack.bootstrap_servers,
+        return cls(codecs={t: ctx.codec(t) for t in ctx.spec.inputs}, kafka=ctx.stack.kafka,
                    settings=settings, actor=settings.actor or ctx.topology.group(ctx.name), dlq_topic=ctx.spec.dlq)
 
     # -- lifecycle -------------------------------------------------------------------
     def setup(self) -> None:
         s = self.settings
-        StateTopic(self.bootstrap_servers, s.registry_topic).ensure()
-        self.registry = ModelRegistry(self.bootstrap_servers, s.registry_topic)
-        self.watcher = ModelRegistryWatcher(self.bootstrap_servers, s.registry_topic, name=self.name).start()
+        StateTopic(self.kafka, s.registry_topic).ensure()
+        self.registry = ModelRegistry(self.kafka, s.registry_topic)
+        self.watcher = ModelRegistryWatcher(self.kafka, s.registry_topic, name=self.name).start()
         self.controller = CanaryController(self.registry, s.model, actor=self.actor, window=s.window)
         routing = self.watcher.current(s.model)
         SHARE.labels(self.name, s.model).set(routing.canary_share)

@@ -27,7 +27,7 @@ ReasonOpt = typer.Option("", "--reason", "-m", help="Why: recorded with the chan
 
 
 def _registry(topic: str) -> ModelRegistry:
-    return ModelRegistry(StackSettings().bootstrap_servers, topic)
+    return ModelRegistry(StackSettings().kafka, topic)
 
 
 def _when(ms: int) -> str:

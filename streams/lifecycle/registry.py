@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from streams.errors import ModelRegistryError
+from streams.security.kafka import KafkaConnection
 from streams.lifecycle.state import ModelEvent, ModelPolicy, ModelVersion, ModelRegistryState, Stage, version_from_fields
 from streams.statelog import Replica, StateTopic, default_actor
 
@@ -27,8 +28,8 @@ MODELS_TOPIC = "_tangram.models"
 class ModelRegistry(Replica):
     """Register versions and move them through their stages, on ``_tangram.models``."""
 
-    def __init__(self, bootstrap_servers: str, topic: str = MODELS_TOPIC, timeout_s: float = 10.0) -> None:
-        super().__init__(StateTopic(bootstrap_servers, topic, timeout_s), ModelRegistryState())
+    def __init__(self, kafka: KafkaConnection, topic: str = MODELS_TOPIC, timeout_s: float = 10.0) -> None:
+        super().__init__(StateTopic(kafka, topic, timeout_s), ModelRegistryState())
 
     def _commit(self, events: list[ModelEvent]) -> list[ModelEvent]:
         if events:

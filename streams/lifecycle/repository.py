@@ -98,7 +98,8 @@ def install_models(topology: Topology, stack: StackSettings, models: list[str]) 
 async def _load(stack: StackSettings, models: list[str]) -> None:
     from inference_workers.triton_client import ModelRepository
 
-    async with ModelRepository(stack.triton_grpc_url, load_timeout_s=stack.start_timeout_s) as repository:
+    async with ModelRepository(stack.triton_grpc_url, load_timeout_s=stack.start_timeout_s,
+                               control_key=stack.triton_key) as repository:
         try:
             await repository.index()
         except InferenceError as exc:  # not running: it loads the repository's models when it starts

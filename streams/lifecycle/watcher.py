@@ -1,6 +1,6 @@
 """The reader side that inference workers embed: live routing of every model.
 
-``ModelRegistryWatcher(bootstrap).start()`` follows ``_tangram.models`` in a background thread
+``ModelRegistryWatcher(stack.kafka).start()`` follows ``_tangram.models`` in a background thread
 (:class:`~streams.statelog.TopicFollower`); ``current(name)`` returns the
 :class:`~streams.lifecycle.state.Routing` the registry says now — production, challenger,
 canary share, shadow — and ``on_change`` callbacks fire when a model's routing changes (a
@@ -22,6 +22,7 @@ from pathlib import Path
 from prometheus_client import Gauge, Histogram
 
 from streams.errors import ModelRegistryError
+from streams.security.kafka import KafkaConnection
 from streams.lifecycle.artifacts import resolve_artifact, verify_artifact
 from streams.lifecycle.registry import MODELS_TOPIC
 from streams.lifecycle.state import ModelRegistryState, Routing, VersionRef
@@ -40,14 +41,14 @@ Listener = Callable[[Routing, Routing], None]  # (before, after)
 class ModelRegistryWatcher(Follows):
     """Live, read-only view of ``_tangram.models`` for processors."""
 
-    def __init__(self, bootstrap_servers: str, topic: str = MODELS_TOPIC, *, name: str = "watcher",
+    def __init__(self, kafka: KafkaConnection, topic: str = MODELS_TOPIC, *, name: str = "watcher",
                  timeout_s: float = 10.0) -> None:
         self.name = name
         self.state = ModelRegistryState()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._listeners: list[Listener] = []
-        self._follower = TopicFollower(bootstrap_servers, topic, self._on_record, name=f"models-{name}",
+        self._follower = TopicFollower(kafka, topic, self._on_record, name=f"models-{name}",
                                        timeout_s=timeout_s)
 
     def on_change(self, listener: Listener) -> None:

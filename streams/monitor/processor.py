@@ -36,6 +36,7 @@ from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, 
 from streams.errors import TopologyError
 from streams.monitor.baseline import Baseline, load_baseline
 from streams.monitor.stats import DriftDetector, Evaluation, FeatureVerdict, NumericReference, Thresholds
+from streams.security.kafka import KafkaConnection
 from streams.statelog import StateTopic
 
 log = logging.getLogger("tangram.monitor.drift")
@@ -99,7 +100,7 @@ class DriftMonitor(Processor):
     needs_models = True  # the model card and its baseline sample
 
     def __init__(self, *, codecs: dict[str, AvroCodec], monitors: dict[str, str], drift_topic: str, alert_topic: str,
-                 dlq_topic: str, card_path: Path, settings: DriftSettings, bootstrap_servers: str | None = None):
+                 dlq_topic: str, card_path: Path, settings: DriftSettings, kafka: KafkaConnection | None = None):
         self.codecs = codecs
         self.monitors = monitors  # input topic → "features" | "predictions"
         self.drift_topic = drift_topic
@@ -107,7 +108,7 @@ class DriftMonitor(Processor):
         self.dlq_topic = dlq_topic
         self.card_path = card_path
         self.settings = settings
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka
         self.config: ConfigSubscriber | None = None
         self.baseline: Baseline | None = None
         self.detectors: dict[str, DriftDetector] = {}
@@ -125,7 +126,7 @@ class DriftMonitor(Processor):
         return cls(codecs=codecs, monitors=monitors, drift_topic=settings.drift_topic,
                    alert_topic=settings.alert_topic, dlq_topic=ctx.dlq,
                    card_path=ctx.stack.model_repository / settings.model / "model_card.json", settings=settings,
-                   bootstrap_servers=ctx.stack.bootstrap_servers if settings.config_center else None)
+                   kafka=ctx.stack.kafka if settings.config_center else None)
 
     # -- lifecycle -------------------------------------------------------------------
     def setup(self) -> None:
@@ -138,9 +139,9 @@ class DriftMonitor(Processor):
             self.detectors[PREDICTIONS_MONITOR] = DriftDetector(
                 {"confidence": NumericReference.of(baseline.confidence, s.bins)},
                 {"label": baseline.label_shares}, window=s.window, step=s.step)
-        if self.bootstrap_servers:
-            StateTopic(self.bootstrap_servers, CONFIG_TOPIC).ensure()
-            self.config = ConfigSubscriber(self.bootstrap_servers, name=self.name,
+        if self.kafka:
+            StateTopic(self.kafka, CONFIG_TOPIC).ensure()
+            self.config = ConfigSubscriber(self.kafka, name=self.name,
                                            namespaces=["monitor-threshold", "feature-switch"]).start()
         log.info("%s: watching %s against %s v%s (dataset %s), window %d, step %d", self.name,
                  ", ".join(f"{t} ({m})" for t, m in self.monitors.items()), baseline.model_name,

@@ -54,11 +54,11 @@ class StatusReader:
         self.topology = topology
         self.stack = stack
         self.timeout_s = timeout_s
-        self.admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
-        self.consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "tangram-status",
-                                  "enable.auto.commit": False})
-        self.config = ConfigCenter(stack.bootstrap_servers, timeout_s=timeout_s)
-        self.models = ModelRegistry(stack.bootstrap_servers, timeout_s=timeout_s)
+        self.admin = AdminClient(stack.kafka.config())
+        self.consumer = Consumer(stack.kafka.config({"group.id": "tangram-status",
+                                                     "enable.auto.commit": False}))
+        self.config = ConfigCenter(stack.kafka, timeout_s=timeout_s)
+        self.models = ModelRegistry(stack.kafka, timeout_s=timeout_s)
         self._previous: dict[str, tuple[float, float]] = {}  # processor → (monotonic time, records in)
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from streams.registry.auth import Authenticator, RegistryUsers, auth_middleware
 from streams.registry.log import KafkaLog
 from streams.registry.store import RegistryError, SchemaRegistryState, parse_version
 from streams.statelog import LogRecord
@@ -279,9 +280,10 @@ def _int_id(request: web.Request) -> int:
         raise RegistryError(404, 40403, f"Schema {request.match_info['id']} not found") from None
 
 
-def create_app(registry: Registry) -> web.Application:
-    """The aiohttp application serving ``registry``."""
-    app = web.Application(middlewares=[errors_middleware])
+def create_app(registry: Registry, users: RegistryUsers | None = None) -> web.Application:
+    """The aiohttp application serving ``registry``; with ``users``, behind basic auth (``streams.registry.auth``)."""
+    middlewares = [auth_middleware(Authenticator(users))] if users is not None else []
+    app = web.Application(middlewares=[*middlewares, errors_middleware])
     app[STATE_KEY] = registry
     app.add_routes(routes)
     return app

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterable, Iterator
 
 from streams.errors import SchemaError, StackError, StateLogError
+from streams.security.kafka import KafkaConnection
 from streams.statelog import LogRecord
 from streams.statelog import StateTopic
 
@@ -23,13 +24,14 @@ TOPIC = "_schemas"
 class KafkaLog:
     """Create, replay and append to the registry topic (one partition, compacted)."""
 
-    def __init__(self, bootstrap_servers: str, topic: str = TOPIC, timeout_s: float = 30.0) -> None:
-        self.bootstrap_servers = bootstrap_servers
+    def __init__(self, kafka: KafkaConnection, topic: str = TOPIC, timeout_s: float = 30.0,
+                 replication_factor: int = 1) -> None:
+        self.kafka = kafka
         self.topic = topic
-        self._log = StateTopic(bootstrap_servers, topic, timeout_s)
+        self._log = StateTopic(kafka, topic, timeout_s, replication_factor)
 
     def ensure_topic(self) -> None:
-        """Create the topic (1 partition, replication 1, cleanup.policy=compact) if it is missing."""
+        """Create the topic (1 partition, compacted, the replication asked for) if it is missing."""
         try:
             self._log.ensure()
         except StateLogError as exc:

@@ -43,25 +43,40 @@ def rank(level: Level) -> int:
 
 
 class GoldenSignals:
-    """The signals, measured from the feature windows and predictions the processor reads."""
+    """The signals, measured from the feature windows and predictions the processor reads.
+
+    Each is kept incrementally, so measuring them costs the same at 100 records a second and at
+    100,000: windows waiting for their prediction (and predictions for their window) expire from the
+    oldest, outcomes keep a running count, and the inference p99 is taken over the newest
+    ``LATENCY_SAMPLES`` predictions of the window.
+    """
+
+    #: The most recent predictions the inference p99 is computed over (a batch's p99, not a window's, beyond it).
+    LATENCY_SAMPLES = 4096
 
     def __init__(self, spec: DegradationSpec, clock: Clock = time.monotonic):
         self.spec = spec
         self.clock = clock
+        # both in arrival order (the clock only moves forward), so the oldest expire first
         self._pending: dict[tuple[str, int], float] = {}  # feature window → when it arrived
         self._predicted: dict[tuple[str, int], float] = {}  # predictions whose window has not arrived (yet)
         self._outcomes: deque[tuple[float, bool]] = deque()  # (when decided, missing?)
-        self._latencies: deque[tuple[float, float]] = deque()
+        self._missing = 0  # of the outcomes, those missing
+        self._latencies: deque[tuple[float, float]] = deque(maxlen=self.LATENCY_SAMPLES)
         self._last_window: float | None = None
         self._last_prediction: float | None = None
         self._started = clock()
+
+    def _outcome(self, now: float, missing: bool) -> None:
+        self._outcomes.append((now, missing))
+        self._missing += missing
 
     def window(self, device: str, window_end: int) -> None:
         now = self.clock()
         self._last_window = now
         key = (device, window_end)
         if self._predicted.pop(key, None) is not None:
-            self._outcomes.append((now, False))
+            self._outcome(now, False)
         else:
             self._pending.setdefault(key, now)
 
@@ -72,28 +87,27 @@ class GoldenSignals:
         key = (device, window_end)
         arrived = self._pending.pop(key, None)
         if arrived is not None:
-            self._outcomes.append((now, now - arrived > self.spec.prediction_wait_ms / 1000))
+            self._outcome(now, now - arrived > self.spec.prediction_wait_ms / 1000)
         else:
+            self._predicted.pop(key, None)  # re-inserted: its place is its newest arrival
             self._predicted[key] = now
 
     def values(self) -> dict[str, float | None]:
         """Every signal now (None: not enough data in the window for a verdict)."""
         now = self.clock()
         wait, horizon = self.spec.prediction_wait_ms / 1000, now - self.spec.window_s
-        for key, arrived in list(self._pending.items()):
-            if now - arrived >= wait:
-                del self._pending[key]
-                self._outcomes.append((now, True))
-        for key, at in list(self._predicted.items()):
-            if at < horizon - 60:
-                del self._predicted[key]
+        while self._pending and now - next(iter(self._pending.values())) >= wait:
+            del self._pending[next(iter(self._pending))]
+            self._outcome(now, True)
+        while self._predicted and next(iter(self._predicted.values())) < horizon - 60:
+            del self._predicted[next(iter(self._predicted))]
         while self._outcomes and self._outcomes[0][0] < horizon:
-            self._outcomes.popleft()
+            self._missing -= self._outcomes.popleft()[1]
         while self._latencies and self._latencies[0][0] < horizon:
             self._latencies.popleft()
         n = len(self._outcomes)
-        missing = sum(m for _, m in self._outcomes) / n if n >= self.spec.min_samples else None
-        p99 = (float(np.percentile([v for _, v in self._latencies], 99))
+        missing = self._missing / n if n >= self.spec.min_samples else None
+        p99 = (float(np.percentile(np.fromiter((v for _, v in self._latencies), float, len(self._latencies)), 99))
                if len(self._latencies) >= self.spec.min_samples else None)
         windows_flowing = self._last_window is not None and self._last_window >= horizon
         age = now - (self._last_prediction or self._started) if windows_flowing else None

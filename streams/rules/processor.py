@@ -11,6 +11,9 @@ about one entity at one time: the declared ``entity_field`` and ``time_field`` o
 * **L2**: each feature window is evaluated by the L2 rules — features only, no model;
 * **L3**: each feature window yields the declared safe default.
 
+An action also carries every other field its schema shares with the record it decided on (the
+document's extracted fields, say), so a subscriber sees what was decided on without a join.
+
 Of the matching rules of one action type, the highest-priority one fires; a cooldown per entity
 and action type (event time) and a per-window dedup hold back repeats. Every action names the
 rule, its inputs, the model versions, the rule-set version and the level in effect, with a
@@ -33,9 +36,11 @@ why; the record's other rules still decide.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import OrderedDict
+from functools import lru_cache
 from typing import Any
 
 import redis
@@ -55,6 +60,7 @@ from streams.rules.engine import CompiledRule, RuleBook, action_id
 from streams.rules.fusion import Fused, Fusion
 from streams.resilience import REDIS_FAILURES, Guard
 from streams.rules.spec import Level, RuleSpec, RuleSetValue, RulesSettings
+from streams.security.kafka import KafkaConnection
 
 log = logging.getLogger("tangram.rules")
 
@@ -83,11 +89,14 @@ class RuleProcessor(Processor):
 
     def __init__(self, *, input_codecs: dict[str, AvroCodec], output_codecs: dict[str, AvroCodec], dlq_topic: str,
                  redis_url: str, settings: RulesSettings, app: str, processor: str = "rules",
-                 bootstrap_servers: str | None = None, online: FeastLayout | None = None,
+                 kafka: KafkaConnection | None = None, online: FeastLayout | None = None,
                  redis_guard: Guard | None = None):
         self.name = processor
         self.input_codecs = input_codecs
         self.prediction_topics = {t for t, c in input_codecs.items() if _has_field(c, "model_name")}
+        # what a prediction carries itself: a rule reading only these needs no online-store read
+        self.prediction_fields = frozenset(f.get("name") for t in self.prediction_topics
+                                           for f in input_codecs[t].schema_json.get("fields", []))
         if not self.prediction_topics:
             raise TopologyError(f"rule processor {processor!r}: no input carries predictions (a `model_name` field)")
         self.output_codecs = output_codecs
@@ -95,13 +104,17 @@ class RuleProcessor(Processor):
         self.settings = settings
         self.entity, self.time = settings.entity_field, settings.time_field
         self.app = app
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka
         try:
             self.topics = settings.topics(list(output_codecs))  # action type or topic → topic
             self.safe_topic = settings.safe_topic(list(output_codecs))
         except TopologyError as exc:
             raise TopologyError(f"rule processor {processor!r}: {exc}") from None
         self.book = RuleBook.build(settings.rules, "topology", 0, self.topics)
+        # fields an action carries from the record it decided on: those its schema shares with the inputs' schemas
+        inputs = {f.get("name") for c in input_codecs.values() for f in c.schema_json.get("fields", [])}
+        self.carried = {t: [n for f in c.schema_json.get("fields", []) if (n := f.get("name")) in inputs]
+                        for t, c in output_codecs.items()}
         spec = settings.degradation
         self.rule_set_key = settings.rule_set or f"{app}.{processor}"
         self.redis_guard = redis_guard
@@ -115,6 +128,7 @@ class RuleProcessor(Processor):
         self._last_fired: dict[tuple[str, str], int] = {}  # (entity, action) → time of the last firing
         self._fired_windows: dict[tuple[str, str], int] = {}  # (entity, rule) → time it last fired on
         self._decided: OrderedDict[tuple[str, int], bool] = OrderedDict()  # entity window → decided by the model?
+        self._reads: dict[tuple[CompiledRule, ...], FeastLayout | None] = {}  # rules → the online fields they read
         self._lock = threading.Lock()
         self._next_book: RuleBook | None = None
         self._next_manual: Level | None = None
@@ -130,7 +144,7 @@ class RuleProcessor(Processor):
         return cls(input_codecs={t: ctx.codec(t) for t in ctx.spec.inputs},
                    output_codecs={t: ctx.codec(t) for t in ctx.spec.outputs}, dlq_topic=ctx.dlq,
                    redis_url=ctx.stack.redis_url, settings=settings,
-                   app=ctx.topology.app, processor=ctx.name, bootstrap_servers=ctx.stack.bootstrap_servers,
+                   app=ctx.topology.app, processor=ctx.name, kafka=ctx.stack.kafka,
                    online=online, redis_guard=ctx.calls.guard("redis", REDIS_FAILURES))
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -140,12 +154,12 @@ class RuleProcessor(Processor):
                 self._redis(self.redis.ping)
             except ServiceUnavailableError as exc:  # the first batch that needs it waits for it (backpressure)
                 log.warning("%s: online store not reachable at start: %s", self.name, exc)
-        if self.settings.live_config and self.bootstrap_servers:
+        if self.settings.live_config and self.kafka:
             from streams.config_center import ConfigSubscriber
             from streams.statelog import StateTopic
 
-            StateTopic(self.bootstrap_servers, self.settings.config_topic).ensure()  # a fresh stack has none yet
-            self.config = ConfigSubscriber(self.bootstrap_servers, self.settings.config_topic, name=self.name,
+            StateTopic(self.kafka, self.settings.config_topic).ensure()  # a fresh stack has none yet
+            self.config = ConfigSubscriber(self.kafka, self.settings.config_topic, name=self.name,
                                            namespaces=["business-rule", "feature-switch"])
             self.config.on_change(lambda applied: self._on_config(applied.version))
             self.config.start()
@@ -216,6 +230,7 @@ class RuleProcessor(Processor):
         if book is not None:
             log.info("%s: rule set %s → %s (%d rules)", self.name, self.book.source, book.source, len(book.rules))
             self.book = book
+            self._reads.clear()
             RELOADS.labels(self.name, "applied").inc()
             RULE_SET_VERSION.labels(self.name).set(book.version)
         if manual is not None and manual != self.levels.manual:
@@ -271,13 +286,14 @@ class RuleProcessor(Processor):
 
     def _read_online(self, values: list[dict]) -> dict[str, dict]:
         """The online features of the entities of ``values`` (one read), when some rule may read them."""
-        if self.features_layout is None or not values:
+        if not values:
             return {}
-        levels = ("L0", "L1")
-        if not any(r.symbols for level in levels for r in self.book.at(level)):
+        # the fields the rules of the levels that decide with the online features read (L0, L1), narrowed
+        reads = self._online_reads(tuple(dict.fromkeys((*self.book.at("L0"), *self.book.at("L1")))))
+        if reads is None:
             return {}
         entities = list(dict.fromkeys(v[self.entity] for v in values))
-        rows = self._redis(read_online_features, self.redis, entities, self.features_layout)
+        rows = self._redis(read_online_features, self.redis, entities, reads)
         return dict(zip(entities, rows))
 
     def _expire(self, level: Level) -> list[Output]:
@@ -337,7 +353,7 @@ class RuleProcessor(Processor):
             return []
         rules = self.book.at(level)
         online: list[dict] = [{}] * len(items)
-        if with_online and rules and self.features_layout is not None:
+        if with_online and self._online_reads(rules) is not None:
             by_entity = self._online  # read for the batch before anything changed (see ``process``)
             unread = list(dict.fromkeys(v[self.entity] for _, v, _ in items if v[self.entity] not in by_entity))
             if unread:  # not expected: every entity decided here was read first
@@ -356,7 +372,7 @@ class RuleProcessor(Processor):
                 try:
                     matched = rule.matches(context)
                 except rule_engine.EngineError as exc:
-                    UNEVALUABLE.labels(self.name, rule.spec.name).inc()
+                    _child(UNEVALUABLE, self.name, rule.spec.name).inc()
                     unknown = [s for s in rule.symbols if context.get(s) is None]
                     missing_input = missing_input or bool(unknown)
                     failed.append(f"rule {rule.spec.name!r} ({rule.spec.when}): {exc.message}"
@@ -365,7 +381,7 @@ class RuleProcessor(Processor):
                 if not matched:
                     continue
                 if rule.spec.action in fired_types:
-                    SUPPRESSED.labels(self.name, rule.spec.name, "priority").inc()
+                    _child(SUPPRESSED, self.name, rule.spec.name, "priority").inc()
                     continue
                 fired_types.add(rule.spec.action)
                 if (out := self._fire(rule, record, value, context, level, missing)) is not None:
@@ -377,13 +393,27 @@ class RuleProcessor(Processor):
                 outputs.append(dead_letter(record, self.dlq_topic, self.name, "; ".join(failed), reason))
         return outputs
 
+    def _online_reads(self, rules: tuple[CompiledRule, ...]) -> FeastLayout | None:
+        """The online-store layout narrowed to the features ``rules`` read that a prediction does not carry
+        (None: nothing to read). A row is read whole only when the rules read all of it."""
+        if rules not in self._reads:
+            layout = self.features_layout
+            needed = {s for r in rules for s in r.symbols} - self.prediction_fields
+            if layout is None or not needed & set(layout.fields):
+                self._reads[rules] = None
+            else:
+                self._reads[rules] = dataclasses.replace(
+                    layout, int_fields=tuple(f for f in layout.int_fields if f in needed or f == layout.event_time_field),
+                    double_fields=tuple(f for f in layout.double_fields if f in needed))
+        return self._reads[rules]
+
     def _held_back(self, name: str, action: str, entity: str, end: int, cooldown_ms: int) -> bool:
         if self._fired_windows.get((entity, name)) == end:
-            SUPPRESSED.labels(self.name, name, "duplicate").inc()
+            _child(SUPPRESSED, self.name, name, "duplicate").inc()
             return True
         last = self._last_fired.get((entity, action))
         if last is not None and 0 <= end - last < cooldown_ms:
-            SUPPRESSED.labels(self.name, name, "cooldown").inc()
+            _child(SUPPRESSED, self.name, name, "cooldown").inc()
             return True
         self._last_fired[(entity, action)] = end
         self._fired_windows[(entity, name)] = end
@@ -439,9 +469,18 @@ class RuleProcessor(Processor):
             "degradation_level": level,
             "trace_id": value.get("trace_id") or record.header(H_TRACE_ID),
         }
-        FIRED.labels(self.name, rule, level).inc()
+        for name in self.carried[topic]:
+            if name not in action and name in value:
+                action[name] = value[name]
+        _child(FIRED, self.name, rule, level).inc()
         headers = carry_headers(record, **{H_EVENT_ID: action["event_id"]})
         return Output(topic, entity, self.output_codecs[topic].encode(action), headers)
+
+
+@lru_cache(maxsize=4096)
+def _child(metric: Counter, *labels: str) -> Any:
+    """A counter's child for ``labels``, looked up once (``labels()`` costs microseconds on the hot path)."""
+    return metric.labels(*labels)
 
 
 def _has_field(codec: AvroCodec, name: str) -> bool:

@@ -82,6 +82,8 @@ def up(settings: StackSettings, only: Sequence[str] | None = None) -> None:
             for q in reversed(started):
                 q.stop()
             raise StackError(str(exc)) from None
+        if p.after_ready is not None:
+            p.after_ready()
         log.info("%s: ready in %.1f s", p.name, time.monotonic() - t0)
     _print_table(procs)
 

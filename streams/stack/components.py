@@ -8,17 +8,21 @@ log file (``<home>/logs/<name>.log``) and pid file (``<home>/run/<name>.pid``).
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
 import shutil
 import subprocess
+import urllib.parse
 import urllib.request
 from functools import partial
 from pathlib import Path
 
 import inference_workers
 from streams.errors import StackError
-from streams.settings import StackSettings
+from streams.security import local
+from streams.settings import StackSettings, redact, revealed
 from streams.stack import kafka
 from streams.stack.process import ManagedProcess, port_open
 
@@ -28,7 +32,13 @@ NAMES = ("kafka", "registry", "redis", "triton")
 
 
 def _http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2.0) as resp:  # noqa: S310 - local http only
+    """True when ``url`` answers 200; its userinfo, if any, is sent as basic auth (the secured registry)."""
+    parts = urllib.parse.urlsplit(url)
+    request = urllib.request.Request(redact(url))
+    if parts.username is not None:
+        user_info = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        request.add_header("Authorization", "Basic " + base64.b64encode(user_info.encode()).decode())
+    with urllib.request.urlopen(request, timeout=2.0) as resp:  # noqa: S310 - local http only
         return resp.status == 200
 
 
@@ -37,8 +47,7 @@ def _kafka_ready(settings: StackSettings) -> bool:
         return False  # spare librdkafka's connection-refused noise while the JVM starts
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers,
-                         "logger": logging.getLogger("tangram.stack.kafka-probe")})
+    admin = AdminClient(settings.kafka.config({"logger": logging.getLogger("tangram.stack.kafka-probe")}))
     admin.list_topics(timeout=3.0)
     return True
 
@@ -46,8 +55,7 @@ def _kafka_ready(settings: StackSettings) -> bool:
 def _redis_ready(settings: StackSettings) -> bool:
     import redis
 
-    client = redis.Redis(host=settings.host, port=settings.redis_port, socket_timeout=1.0,
-                         socket_connect_timeout=1.0)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
     try:
         return bool(client.ping())
     finally:
@@ -61,6 +69,22 @@ def _need_python(python: Path, what: str) -> None:
 
 def _prepare_registry(settings: StackSettings) -> None:
     _need_python(settings.app_python, "application")
+    if settings.secure:
+        local.registry_users_file(settings)
+
+
+def _registry_argv(settings: StackSettings) -> list[str]:
+    argv = [str(settings.app_python), "-m", "streams.registry", "--host", settings.host,
+            "--port", str(settings.registry_port), "--bootstrap", settings.bootstrap_servers]
+    return argv + (["--users", str(settings.secrets_dir / "registry-users.json")] if settings.secure else [])
+
+
+def _registry_env(settings: StackSettings) -> dict[str, str]:
+    """On a secured stack the registry connects to Kafka as its own principal (``_schemas`` only)."""
+    if not settings.secure:
+        return {}
+    security = local.principal_security(settings, local.REGISTRY_PRINCIPAL)
+    return {"TANGRAM_KAFKA_SECURITY": json.dumps(revealed(security), default=str)}
 
 
 def _redis_server() -> str:
@@ -73,6 +97,16 @@ def _redis_server() -> str:
 def _prepare_redis(settings: StackSettings) -> None:
     _redis_server()
     (settings.home / "redis").mkdir(parents=True, exist_ok=True)
+    if settings.secure:
+        local.redis_acl_file(settings)
+
+
+def _redis_argv(settings: StackSettings) -> list[str]:
+    """redis-server on ``host`` only; secured: ACL users from a file (``default`` off), no other way in."""
+    argv = [_redis_server(), "--bind", settings.host, "--port", str(settings.redis_port),
+            "--dir", str(settings.home / "redis"), "--appendonly", "yes",
+            "--daemonize", "no", "--logfile", "", "--protected-mode", "yes"]
+    return argv + (["--aclfile", str(settings.secrets_dir / "redis-users.acl")] if settings.secure else [])
 
 
 #: The model server, run as a script by the model-server environment's interpreter: that environment
@@ -92,6 +126,8 @@ def _triton_env(settings: StackSettings) -> dict[str, str]:
     system's and fail.
     """
     env: dict[str, str] = {}
+    if settings.triton_key:  # the wrapper restricts Triton's model control to callers that send it
+        env["TANGRAM_TRITON_CONTROL_KEY"] = settings.triton_key
     if settings.triton_python.exists():
         libdir = subprocess.run(
             [str(settings.triton_python), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
@@ -119,30 +155,29 @@ def build(settings: StackSettings) -> list[ManagedProcess]:
             address=f"{settings.bootstrap_servers} (controller :{settings.kafka_controller_port})",
             probe=partial(_kafka_ready, settings),
             prepare=partial(kafka.prepare, settings),
+            after_ready=partial(local.provision_registry_principal, settings) if settings.secure else None,
             stop_timeout_s=30.0,
             **files("kafka"),
         ),
         ManagedProcess(
             name="registry",
-            argv=lambda: [str(settings.app_python), "-m", "streams.registry", "--host", h,
-                          "--port", str(settings.registry_port), "--bootstrap", settings.bootstrap_servers],
+            argv=partial(_registry_argv, settings),
             marker="streams.registry",
             host=h,
             ports={"http": settings.registry_port},
-            address=settings.registry_url,
+            address=settings.registry_address,
             probe=partial(_http_ok, f"{settings.registry_url}/subjects"),
             prepare=partial(_prepare_registry, settings),
+            env=partial(_registry_env, settings),
             **files("registry"),
         ),
         ManagedProcess(
             name="redis",
-            argv=lambda: [_redis_server(), "--bind", h, "--port", str(settings.redis_port),
-                          "--dir", str(settings.home / "redis"), "--appendonly", "yes",
-                          "--daemonize", "no", "--logfile", "", "--protected-mode", "yes"],
+            argv=partial(_redis_argv, settings),
             marker="redis-server",
             host=h,
             ports={"redis": settings.redis_port},
-            address=settings.redis_url,
+            address=redact(settings.redis_url),
             probe=partial(_redis_ready, settings),
             prepare=partial(_prepare_redis, settings),
             **files("redis"),

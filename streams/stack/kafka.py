@@ -16,7 +16,8 @@ import uuid
 from pathlib import Path
 
 from streams.errors import StackError
-from streams.settings import StackSettings
+from streams.security.pki import ensure_server_cert
+from streams.settings import OPERATOR, StackSettings
 
 log = logging.getLogger("tangram.stack")
 
@@ -27,6 +28,10 @@ JVM_OPTS = [
     "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
 ]
 _STAMP = ".pom.sha256"
+_SECURED_STAMP = ".tangram-secured"
+#: The secured node's own principals: the broker (SCRAM, inter-broker) and the controller (PLAIN).
+BROKER = "tangram-broker"
+CONTROLLER = "tangram-controller"
 
 LOG4J2 = """\
 status = warn
@@ -108,17 +113,13 @@ def fetch_jars(settings: StackSettings) -> Path:
 
 
 def server_properties(settings: StackSettings) -> str:
-    """The KRaft combined-mode configuration of the single local node."""
+    """The KRaft combined-mode configuration of the single local node (secured when ``settings.secure``)."""
     h = settings.host
     return "\n".join([
         "process.roles=broker,controller",
         "node.id=1",
         f"controller.quorum.voters=1@{h}:{settings.kafka_controller_port}",
-        f"listeners=PLAINTEXT://{h}:{settings.kafka_port},CONTROLLER://{h}:{settings.kafka_controller_port}",
-        f"advertised.listeners=PLAINTEXT://{h}:{settings.kafka_port}",
-        "controller.listener.names=CONTROLLER",
-        "inter.broker.listener.name=PLAINTEXT",
-        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        *(_secured_listeners(settings) if settings.secure else _plain_listeners(settings)),
         f"log.dirs={data_dir(settings)}",
         "num.partitions=1",
         "auto.create.topics.enable=false",
@@ -135,6 +136,64 @@ def server_properties(settings: StackSettings) -> str:
         "log.retention.hours=168",
         "",
     ])
+
+
+def _plain_listeners(settings: StackSettings) -> list[str]:
+    h = settings.host
+    return [
+        f"listeners=PLAINTEXT://{h}:{settings.kafka_port},CONTROLLER://{h}:{settings.kafka_controller_port}",
+        f"advertised.listeners=PLAINTEXT://{h}:{settings.kafka_port}",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=PLAINTEXT",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    ]
+
+
+def _jaas(module: str, **options: str) -> str:
+    pairs = " ".join(f'{k}="{v}"' for k, v in options.items())
+    return f"{module} required {pairs};"
+
+
+def _secured_listeners(settings: StackSettings) -> list[str]:
+    """SASL_SSL everywhere: clients and the broker itself with SCRAM-SHA-512, the controller with PLAIN.
+
+    The controller cannot authenticate with SCRAM (its credentials live in the metadata the
+    controller serves), so its listener takes one PLAIN user, the node itself. Every request is
+    authorized by the StandardAuthorizer; no ACL means no access. Super users: the node and the
+    operator; everyone else gets the ACLs `tangram apply` generates from the topology.
+    """
+    h, secrets = settings.host, settings.secrets
+    broker, controller = secrets.get("kafka", BROKER).get_secret_value(), secrets.get("kafka", CONTROLLER).get_secret_value()
+    keystore = ensure_server_cert(settings.secrets_dir, "kafka", _cert_hosts(settings))
+    plain = "org.apache.kafka.common.security.plain.PlainLoginModule"
+    scram = "org.apache.kafka.common.security.scram.ScramLoginModule"
+    return [
+        f"listeners=SASL_SSL://{h}:{settings.kafka_port},CONTROLLER://{h}:{settings.kafka_controller_port}",
+        f"advertised.listeners=SASL_SSL://{h}:{settings.kafka_port}",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=SASL_SSL",
+        "listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SASL_SSL",
+        "sasl.enabled.mechanisms=SCRAM-SHA-512",
+        "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512",
+        "sasl.mechanism.controller.protocol=PLAIN",
+        "listener.name.controller.sasl.enabled.mechanisms=PLAIN",
+        "listener.name.controller.plain.sasl.jaas.config="
+        + _jaas(plain, username=CONTROLLER, password=controller, **{f"user_{CONTROLLER}": controller}),
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=" + _jaas(scram, username=BROKER, password=broker),
+        "ssl.keystore.type=PEM",
+        f"ssl.keystore.location={keystore}",
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={settings.ca_file}",
+        "ssl.client.auth=none",
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found=false",
+        f"super.users=User:{BROKER};User:{CONTROLLER};User:{OPERATOR}",
+    ]
+
+
+def _cert_hosts(settings: StackSettings) -> list[str]:
+    """The names the broker's certificate must carry: where clients dial it."""
+    return list(dict.fromkeys([settings.kafka_host or settings.host, settings.host, "localhost"]))
 
 
 def _cluster_id() -> str:
@@ -155,17 +214,29 @@ def prepare(settings: StackSettings) -> None:
     if not jars_current(settings):
         fetch_jars(settings)
     config_dir(settings).mkdir(parents=True, exist_ok=True)
-    (config_dir(settings) / "server.properties").write_text(server_properties(settings))
+    properties = config_dir(settings) / "server.properties"
+    properties.touch(mode=0o600)  # a secured node's file holds its passwords
+    properties.chmod(0o600)
+    properties.write_text(server_properties(settings))
     (config_dir(settings) / "log4j2.properties").write_text(LOG4J2)
+    stamp = data_dir(settings) / _SECURED_STAMP
     if (data_dir(settings) / "meta.properties").exists():
+        if settings.secure and not stamp.exists():
+            raise StackError(f"the Kafka storage in {data_dir(settings)} was formatted without security, so it holds "
+                             "no SCRAM credentials: run the secured stack from another TANGRAM_HOME")
         return
     cluster_id = _cluster_id()
     log.info("kafka: formatting storage in %s (cluster id %s)", data_dir(settings), cluster_id)
     cmd = [exe, *_jvm_common(settings), "kafka.tools.StorageTool", "format", "--ignore-formatted",
            f"--cluster-id={cluster_id}", "--config", str(config_dir(settings) / "server.properties")]
+    if settings.secure:  # the node's and the operator's SCRAM credentials, in the metadata from the start
+        for user in (BROKER, OPERATOR):
+            cmd += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={settings.secrets.get('kafka', user).get_secret_value()}]"]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise StackError(f"kafka storage format failed:\n{(result.stdout + result.stderr)[-3000:]}")
+    if settings.secure:
+        stamp.write_text("SCRAM-SHA-512 credentials of the node and the operator added at format\n")
 
 
 def _jvm_common(settings: StackSettings) -> list[str]:

@@ -109,6 +109,8 @@ class ManagedProcess:
     ``/proc/<pid>/cmdline``, so that a recycled pid is not taken for our server.
     ``prepare`` runs before a start: it checks prerequisites (raising :class:`StackError`
     with the next step to take) and does first-time setup such as formatting storage.
+    ``after_ready`` runs once a server this call started answers, for setup that needs it
+    running (the secured Kafka's principals for the components started after it).
     """
 
     name: str
@@ -123,6 +125,7 @@ class ManagedProcess:
     cwd: Path | None = None
     env: Callable[[], Mapping[str, str]] | None = None
     prepare: Callable[[], None] | None = None
+    after_ready: Callable[[], None] | None = None
     stop_timeout_s: float = 15.0
     _log_offset: int = 0
 

@@ -9,13 +9,17 @@ stops everything at the end. If the stack cannot start the tests fail; they neve
 
 ``TANGRAM_TEST_COMPONENTS=kafka,redis`` starts only those components (for working on the
 stack itself); the default is the whole stack.
+
+The session fixture ``secured_stack`` starts a second, secured stack (``secure``: Kafka SASL_SSL with
+SCRAM-SHA-512 and ACLs, the registry with basic auth, Redis with ACL users, Triton's model control
+behind a key) on the test ports shifted by ``SECURED_SHIFT``, with the reference app's models; it
+yields the operator's settings. Only the tests that ask for it start it.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -42,13 +46,13 @@ TEST_PORTS: dict[str, int] = {
 }
 
 
+#: The secured test stack listens on the test ports plus this.
+SECURED_SHIFT = 100
+
+
 def stack_env(settings: StackSettings) -> dict[str, str]:
-    """The ``TANGRAM_*`` variables that point a subprocess at ``settings``'s stack."""
-    return {
-        "TANGRAM_HOME": str(settings.home),
-        "TANGRAM_HOST": settings.host,
-        **{f"TANGRAM_{field.upper()}": str(getattr(settings, field)) for field in TEST_PORTS},
-    }
+    """The ``TANGRAM_*`` variables that point a subprocess at ``settings``'s stack (as its operator when secured)."""
+    return settings.environ()
 
 
 def stack_components() -> list[str]:
@@ -66,21 +70,35 @@ def components() -> list[str]:
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackSettings]:
     """The running test stack (session-scoped); stopped when the session ends."""
-    home: Path = tmp_path_factory.mktemp("tangram-home")
-    settings = StackSettings(home=home, **TEST_PORTS)
-    components = stack_components()
+    settings = StackSettings(home=tmp_path_factory.mktemp("tangram-home"), **TEST_PORTS)
     with pytest.MonkeyPatch.context() as mp:
         for key, value in stack_env(settings).items():
             mp.setenv(key, value)
-        try:
-            up(settings, only=components)
-            if "triton" in components:  # the reference app's models, as `tangram apply` installs them
-                app = pm_topology()
-                install_models(app, settings, [m.name for m in model_dirs(app.model_repository)])
-        except StackError as exc:
-            down(settings, only=components)
-            pytest.fail(f"the local test stack could not start: {exc}", pytrace=False)
-        try:
-            yield settings
-        finally:
-            down(settings, only=components)
+        yield from _running(settings, stack_components())
+
+
+@pytest.fixture(scope="session")
+def secured_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackSettings]:
+    """The running secured test stack (session-scoped), as its operator; stopped when the session ends.
+
+    Its settings are not exported to the environment (the plain stack's are): a subprocess meant
+    for it gets ``stack_env(secured_stack)``.
+    """
+    ports = {name: port + SECURED_SHIFT for name, port in TEST_PORTS.items()}
+    settings = StackSettings(home=tmp_path_factory.mktemp("tangram-secured"), secure=True, **ports)
+    yield from _running(settings, list(NAMES))
+
+
+def _running(settings: StackSettings, components: list[str]) -> Iterator[StackSettings]:
+    try:
+        up(settings, only=components)
+        if "triton" in components:  # the reference app's models, as `tangram apply` installs them
+            app = pm_topology()
+            install_models(app, settings, [m.name for m in model_dirs(app.model_repository)])
+    except StackError as exc:
+        down(settings, only=components)
+        pytest.fail(f"the local test stack could not start: {exc}", pytrace=False)
+    try:
+        yield settings
+    finally:
+        down(settings, only=components)

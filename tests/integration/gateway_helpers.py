@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
+import subprocess
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 import yaml
 
@@ -29,6 +35,31 @@ def free_port() -> int:
                 continue
             return port
     raise AssertionError(f"no free port in {PORT_RANGE.start}-{PORT_RANGE.stop - 1}")
+
+
+@contextmanager
+def mosquitto(conf: Path, port: int) -> Iterator[int]:
+    """Mosquitto running ``conf`` (which listens on ``port``) until the block ends; fails if it does not start."""
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    if not Path(binary).is_file():
+        pytest.fail("mosquitto is not installed; `make system-deps` installs it (apt-get install mosquitto)", pytrace=False)
+    log_path = conf.with_suffix(".log")
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"mosquitto did not start on port {port}: {log_path.read_text()}")
+                time.sleep(0.05)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def ingest_topology(tmp_path: Path, stack, *, input_format: str = "json", params: dict | None = None,

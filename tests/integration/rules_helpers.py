@@ -46,7 +46,7 @@ class InProcess:
         spec = topology.processors[name]
         self.processor = build_processor(topology, name, stack)
         self.runner = Runner(self.processor, RunnerConfig(
-            bootstrap_servers=stack.bootstrap_servers, group_id=group or topology.group(name),
+            kafka=stack.kafka, group_id=group or topology.group(name),
             inputs=tuple(spec.inputs), batch_size=spec.batch_size, max_wait_ms=spec.max_wait_ms))
         self.thread = threading.Thread(target=self.runner.run, name=f"proc-{name}", daemon=True)
 

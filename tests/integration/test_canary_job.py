@@ -167,8 +167,8 @@ class Pipeline:
         apply(self.topology, stack)
         self.features = self.topology.processors["inference"].inputs[0]
         self.predictions = f"{prefix}.predictions.anomaly"
-        self.registry = ModelRegistry(stack.bootstrap_servers, self.registry_topic)
-        self.watcher = ModelRegistryWatcher(stack.bootstrap_servers, self.registry_topic, name="test")
+        self.registry = ModelRegistry(stack.kafka, self.registry_topic)
+        self.watcher = ModelRegistryWatcher(stack.kafka, self.registry_topic, name="test")
         self.job = Processors(path, stack, names=["canary"], settings=LauncherSettings(metrics_base_port=JOB_METRICS_PORT))
         self.workers: list[tuple[Runner, threading.Thread]] = []
         self.sent: list[tuple[str, int, int]] = []  # (device, window_start, pool row)
@@ -181,7 +181,7 @@ class Pipeline:
         spec = self.topology.processors["inference"]
         for _ in range(2):
             runner = Runner(build_processor(self.topology, "inference", own_triton(self.stack)),
-                            RunnerConfig(bootstrap_servers=self.stack.bootstrap_servers,
+                            RunnerConfig(kafka=self.stack.kafka,
                                          group_id=self.topology.group("inference"), inputs=tuple(spec.inputs),
                                          batch_size=spec.batch_size, max_wait_ms=spec.max_wait_ms))
             thread = threading.Thread(target=runner.run, daemon=True)
@@ -243,7 +243,7 @@ class Pipeline:
         wanted = {(d, s) for d, s, _ in self.sent}
         deadline = time.monotonic() + timeout_s
         while True:
-            got = [(decode(m.value()), m.timestamp()[1]) for m in read_rows(self.stack.bootstrap_servers,
+            got = [(decode(m.value()), m.timestamp()[1]) for m in read_rows(self.stack.kafka,
                                                                             self.predictions, None, 3, idle_s=2.0)]
             if wanted <= {(p["device_id"], p["window_start"]) for p, _ in got} or time.monotonic() > deadline:
                 return got
@@ -433,7 +433,7 @@ def test_the_job_decides_on_idle_ticks_when_no_prediction_arrives(stack: StackSe
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     topology = load_topology(path)
     apply(topology, stack)
-    registry = ModelRegistry(stack.bootstrap_servers, registry_topic)
+    registry = ModelRegistry(stack.kafka, registry_topic)
     for v in ("1", "2"):
         artifact = tmp_path / v / "model.onnx"
         artifact.parent.mkdir()
@@ -445,7 +445,7 @@ def test_the_job_decides_on_idle_ticks_when_no_prediction_arrives(stack: StackSe
     encode = codec(stack.registry_url, "pm.predictions.anomaly-value", load_schema("pm.predictions.anomaly-value")).encode
     topic = f"{prefix}.predictions.anomaly"
     with Processors(path, stack, names=["canary"], settings=LauncherSettings(metrics_base_port=JOB_METRICS_PORT)) as job, \
-            ModelRegistryWatcher(stack.bootstrap_servers, registry_topic, name="idle") as watcher:
+            ModelRegistryWatcher(stack.kafka, registry_topic, name="idle") as watcher:
         job.start()
         job.wait_joined(timeout_s=90)
         registry.promote("anomaly", "2", Stage.CHALLENGER, "bob", "retrained")

@@ -33,9 +33,9 @@ def end_offset(stack: StackSettings, topic: str) -> int:
 
 
 def test_a_change_reaches_every_subscriber_within_a_second(stack: StackSettings, topic: str) -> None:
-    center = ConfigCenter(stack.bootstrap_servers, topic)
+    center = ConfigCenter(stack.kafka, topic)
     center.set("feature-switch", "degradation.level", "L0", "alice", "initial")
-    subscribers = [ConfigSubscriber(stack.bootstrap_servers, topic, name=f"proc-{i}-{topic[-8:]}",
+    subscribers = [ConfigSubscriber(stack.kafka, topic, name=f"proc-{i}-{topic[-8:]}",
                                     namespaces=["feature-switch"]).start() for i in range(3)]
     try:
         applied_at: dict[str, float] = {}
@@ -63,9 +63,9 @@ def test_a_change_reaches_every_subscriber_within_a_second(stack: StackSettings,
 
 
 def test_an_invalid_change_is_refused_whole_and_nothing_is_applied(stack: StackSettings, topic: str) -> None:
-    center = ConfigCenter(stack.bootstrap_servers, topic)
+    center = ConfigCenter(stack.kafka, topic)
     center.set("monitor-threshold", "latency_p95_ms", 200, "alice", "initial")
-    with ConfigSubscriber(stack.bootstrap_servers, topic, name=f"refuse-{topic[-8:]}") as subscriber:
+    with ConfigSubscriber(stack.kafka, topic, name=f"refuse-{topic[-8:]}") as subscriber:
         before = end_offset(stack, topic)
         with pytest.raises(ConfigValidationError, match="nothing was published"):
             center.change([ConfigOp(namespace="monitor-threshold", key="latency_p95_ms", value=150),
@@ -81,7 +81,7 @@ def test_an_invalid_change_is_refused_whole_and_nothing_is_applied(stack: StackS
 
 
 def test_history_snapshot_and_restore_round_trip(stack: StackSettings, topic: str) -> None:
-    center = ConfigCenter(stack.bootstrap_servers, topic)
+    center = ConfigCenter(stack.kafka, topic)
     center.change([ConfigOp(namespace="monitor-threshold", key="error_rate_alert", value=0.02),
                    ConfigOp(namespace="monitor-threshold", key="latency_p95_ms", value=200),
                    ConfigOp(namespace="business-rule", key="pm", value={"rules": [
@@ -92,14 +92,14 @@ def test_history_snapshot_and_restore_round_trip(stack: StackSettings, topic: st
     center.set("monitor-threshold", "latency_p95_ms", 350, "bob", "less noise")
     assert [d.text() for d in center.diff("known-good")] == [
         "- monitor-threshold/error_rate_alert (was 0.02)", "~ monitor-threshold/latency_p95_ms: 200.0 → 350.0"]
-    with ConfigSubscriber(stack.bootstrap_servers, topic, name=f"restore-{topic[-8:]}") as subscriber:
+    with ConfigSubscriber(stack.kafka, topic, name=f"restore-{topic[-8:]}") as subscriber:
         restored = center.restore("known-good", "carol", "restore after the incident")
         subscriber.wait_version(restored.version, 5)
         assert subscriber.state.cells() == good and restored.change.restored_from == "known-good"
-    fresh = ConfigCenter(stack.bootstrap_servers, topic).refresh()
+    fresh = ConfigCenter(stack.kafka, topic).refresh()
     assert [(a.version, a.change.author, a.change.reason) for a in fresh.history] == [
         (1, "alice", "initial"), (2, "bob", "cleanup"), (3, "bob", "less noise"), (4, "carol", "restore after the incident")]
-    assert fresh.cells() == good and ConfigCenter(stack.bootstrap_servers, topic).diff("known-good") == []
+    assert fresh.cells() == good and ConfigCenter(stack.kafka, topic).diff("known-good") == []
     env = {**os.environ, **stack_env(stack)}
     shown = subprocess.run([sys.executable, "-m", "streams", "config", "history", "monitor-threshold", "--topic", topic],
                            capture_output=True, text=True, env=env, cwd=PROJECT_ROOT, timeout=60)
@@ -107,10 +107,10 @@ def test_history_snapshot_and_restore_round_trip(stack: StackSettings, topic: st
 
 
 def test_subscribers_converge_and_a_restarted_one_starts_from_the_latest(stack: StackSettings, topic: str) -> None:
-    center = ConfigCenter(stack.bootstrap_servers, topic)
+    center = ConfigCenter(stack.kafka, topic)
     center.set("monitor-threshold", "vibration_alert", 7.0, "alice", "default")
-    a = ConfigSubscriber(stack.bootstrap_servers, topic, name=f"a-{topic[-8:]}").start()
-    b = ConfigSubscriber(stack.bootstrap_servers, topic, name=f"b-{topic[-8:]}").start()
+    a = ConfigSubscriber(stack.kafka, topic, name=f"a-{topic[-8:]}").start()
+    b = ConfigSubscriber(stack.kafka, topic, name=f"b-{topic[-8:]}").start()
     try:
         center.set("monitor-threshold", "vibration_alert", 5.0, "alice", "canary on dev-00*", Scope(prefix="dev-00"))
         last = center.set("monitor-threshold", "vibration_alert", 6.0, "alice", "10 % canary", Scope(share=0.1))
@@ -122,7 +122,7 @@ def test_subscribers_converge_and_a_restarted_one_starts_from_the_latest(stack: 
         assert 0.07 < values.count(6.0) / len(values) < 0.13
         a.stop()
         center.set("monitor-threshold", "vibration_alert", 8.0, "alice", "while a was down")
-        restarted = ConfigSubscriber(stack.bootstrap_servers, topic, name=f"a2-{topic[-8:]}").start()
+        restarted = ConfigSubscriber(stack.kafka, topic, name=f"a2-{topic[-8:]}").start()
         try:
             b.wait_version(4, 5)
             assert restarted.version == 4 and restarted.get("monitor-threshold", "vibration_alert") == 8.0

@@ -44,7 +44,7 @@ def private_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackSet
 
 
 def test_registry_and_config_survive_a_broker_restart(private_kafka: StackSettings, tmp_path: Path) -> None:
-    bootstrap = private_kafka.bootstrap_servers
+    bootstrap = private_kafka.kafka
     models, config = "_tangram.models", "_tangram.config"
     registry = ModelRegistry(bootstrap, models)
     for v in ("1", "2"):

@@ -52,7 +52,7 @@ def wait_for(predicate, timeout_s: float, what: str, step_s: float = 0.01) -> fl
 
 def test_the_manual_switch_reaches_every_processor_within_a_second(stack, tmp_path):
     topology, _, prefix = rules_topology(tmp_path, stack, rules=RULES, cooldown_ms=0, degradation=DEGRADATION)
-    center = ConfigCenter(stack.bootstrap_servers, f"_tangram.config.{prefix}")
+    center = ConfigCenter(stack.kafka, f"_tangram.config.{prefix}")
     feed, actions = Feed(stack, prefix), Actions(stack, prefix)
     with InProcess(topology, "rules", stack, group=f"{prefix}.a") as a, \
             InProcess(topology, "rules", stack, group=f"{prefix}.b") as b:

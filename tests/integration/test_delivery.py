@@ -34,7 +34,7 @@ def reading(device: str, i: int) -> dict:
 
 def read_all(stack, topic: str, partitions: int, idle_s: float = 2.0, timeout_s: float = 60.0) -> list:
     """Every record of ``topic`` (raw messages), until nothing new arrived for ``idle_s``."""
-    return read_rows(stack.bootstrap_servers, topic, None, partitions, idle_s, timeout_s)
+    return read_rows(stack.kafka, topic, None, partitions, idle_s, timeout_s)
 
 
 def wait_for_count(stack, topic: str, partitions: int, at_least: int, timeout_s: float = 60.0) -> int:

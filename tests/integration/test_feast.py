@@ -79,7 +79,7 @@ def test_feast_registration_sync_and_online_reads(stack, tmp_path):
     for r in rows:
         if r["device_id"] not in newest or r["window_end"] > newest[r["device_id"]]["window_end"]:
             newest[r["device_id"]] = r
-    create_topics(stack.bootstrap_servers, [topic])
+    create_topics(stack.kafka, [topic])
     out = codec(stack.registry_url, SUBJECT, load_schema(SUBJECT), register=True)
     producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True})
     for r in rows:

@@ -74,17 +74,17 @@ def test_feast_reads_what_the_embedded_engine_wrote(stack, tmp_path):
     in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
     out_codec = codec(stack.registry_url, "pm.features.device_window-value",
                       load_schema("pm.features.device_window-value"))
-    produce_records(stack.bootstrap_servers, source, in_codec, readings, key="device_id")
+    produce_records(stack.kafka, source, in_codec, readings, key="device_id")
     runner = make_runner(topology, "features", stack)
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + 90
-        while count_records(stack.bootstrap_servers, output) < len(expected):
+        while count_records(stack.kafka, output) < len(expected):
             assert thread.is_alive(), "the feature processor died"
             assert time.monotonic() < deadline, f"fewer than {len(expected)} windows after 90 s"
             time.sleep(0.3)
-        rows = read_rows(stack.bootstrap_servers, output, out_codec, idle_s=1.0)
+        rows = read_rows(stack.kafka, output, out_codec, idle_s=1.0)
     finally:
         runner.stop()
         thread.join(30)

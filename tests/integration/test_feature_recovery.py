@@ -36,6 +36,7 @@ from streams.testing import (
     read_rows,
 )
 from streams.plan import apply
+from streams.security.kafka import KafkaConnection
 from streams.run import make_runner
 from streams.topology import load_topology
 from reference import load_schema
@@ -50,9 +51,9 @@ def _codecs(stack):
             codec(stack.registry_url, "pm.features.device_window-value", load_schema("pm.features.device_window-value")))
 
 
-def _wait_for(bootstrap: str, topic: str, at_least: int, timeout_s: float, alive=lambda: True) -> None:
+def _wait_for(kafka: KafkaConnection, topic: str, at_least: int, timeout_s: float, alive=lambda: True) -> None:
     deadline = time.monotonic() + timeout_s
-    while count_records(bootstrap, topic) < at_least:
+    while count_records(kafka, topic) < at_least:
         assert alive(), "the processor died"
         assert time.monotonic() < deadline, f"{topic}: fewer than {at_least} records after {timeout_s}s"
         time.sleep(0.3)
@@ -76,14 +77,14 @@ def test_kill_9_mid_window_then_restart_emits_what_an_uninterrupted_run_emits(st
     proc = start()
     try:
         for n, chunk in enumerate(chunks):
-            produce_records(stack.bootstrap_servers, source, in_codec, chunk, key="device_id")
+            produce_records(stack.kafka, source, in_codec, chunk, key="device_id")
             if n in (1, 2):  # mid-stream: windows are open, some emitted, offsets held back
-                _wait_for(stack.bootstrap_servers, output, 12 * (2 + 2 * (n - 1)), 60, lambda p=proc: p.poll() is None)
+                _wait_for(stack.kafka, output, 12 * (2 + 2 * (n - 1)), 60, lambda p=proc: p.poll() is None)
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
                 proc = start()
-        _wait_for(stack.bootstrap_servers, output, len(expected), 90, lambda p=proc: p.poll() is None)
-        rows = by_window(read_rows(stack.bootstrap_servers, output, out_codec, idle_s=3.0), key="device_id")
+        _wait_for(stack.kafka, output, len(expected), 90, lambda p=proc: p.poll() is None)
+        rows = by_window(read_rows(stack.kafka, output, out_codec, idle_s=3.0), key="device_id")
     finally:
         proc.terminate()
         proc.wait(30)
@@ -139,15 +140,15 @@ def test_redis_restarted_while_the_job_runs_waits_and_catches_up(stack, tmp_path
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     try:
-        produce_records(stack.bootstrap_servers, source, in_codec, readings[:half], key="device_id")
-        _wait_for(stack.bootstrap_servers, output, 8 * 3, 60, thread.is_alive)
+        produce_records(stack.kafka, source, in_codec, readings[:half], key="device_id")
+        _wait_for(stack.kafka, output, 8 * 3, 60, thread.is_alive)
         stop_redis()
-        produce_records(stack.bootstrap_servers, source, in_codec, readings[half:], key="device_id")
+        produce_records(stack.kafka, source, in_codec, readings[half:], key="device_id")
         time.sleep(4.0)  # the processor is stuck in its online-store write, retrying
         assert thread.is_alive()
         start_redis()
-        _wait_for(stack.bootstrap_servers, output, len(expected), 60, thread.is_alive)
-        rows = by_window(read_rows(stack.bootstrap_servers, output, out_codec, idle_s=3.0), key="device_id")
+        _wait_for(stack.kafka, output, len(expected), 60, thread.is_alive)
+        rows = by_window(read_rows(stack.kafka, output, out_codec, idle_s=3.0), key="device_id")
         time.sleep(1.0)
     finally:
         runner.stop()

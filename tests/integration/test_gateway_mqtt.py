@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -20,6 +17,7 @@ from streams.gateway.mqtt import MqttGatewaySettings, serve
 from reference import load_schema
 
 from gateway_helpers import free_port, headers, ingest_topology, read_topic
+from gateway_helpers import mosquitto as run_mosquitto
 
 pytestmark = pytest.mark.integration
 
@@ -28,29 +26,12 @@ SUBJECT = "pm.ingest.telemetry-value"
 
 @pytest.fixture
 def mosquitto(tmp_path: Path) -> Iterator[int]:
-    """A Mosquitto broker of this test on 127.0.0.1 (port in 40100-40199); stopped afterwards."""
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    if not Path(binary).is_file():
-        pytest.fail("mosquitto is not installed; `make system-deps` installs it (apt-get install mosquitto)", pytrace=False)
+    """A Mosquitto broker of this test on 127.0.0.1 (port in 40100-40199), anonymous; stopped afterwards."""
     port = free_port()
     conf = tmp_path / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
-    log = (tmp_path / "mosquitto.log").open("wb")
-    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"mosquitto did not start on port {port}: {(tmp_path / 'mosquitto.log').read_text()}")
-                time.sleep(0.05)
+    with run_mosquitto(conf, port):
         yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def reading(device: str, i: int, **over) -> dict:

@@ -54,21 +54,21 @@ def test_registration_without_a_dataset_version_fails_and_writes_nothing(stack: 
                   "--owner", "ml-platform", "--license", "Apache-2.0", "--topic", topic)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "dataset_version is mandatory" in refused.stderr
-    assert ModelRegistry(stack.bootstrap_servers, topic).refresh().models == {}
+    assert ModelRegistry(stack.kafka, topic).refresh().models == {}
     # the same card with its dataset version registers, from the CLI
     ok = cli(stack, "models", "register", "--card", str(repo / "anomaly" / "model_card.json"), "--dataset-version",
              card.get("dataset_version", "sim-v1-2c4104fe59e1"), "--owner", "ml-platform", "--license", "Apache-2.0",
              "--topic", topic, "--reason", "trained by tangram model train")
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    state = ModelRegistry(stack.bootstrap_servers, topic).refresh()
+    state = ModelRegistry(stack.kafka, topic).refresh()
     assert state.version("anomaly", "1").sha256 == card["sha256"]
 
 
 def test_a_tampered_artifact_is_never_loaded(stack: StackSettings, topic: str, tmp_path: Path) -> None:
-    registry = ModelRegistry(stack.bootstrap_servers, topic)
+    registry = ModelRegistry(stack.kafka, topic)
     registry.register(version_fields(tmp_path, "1"), "alice", "first")
     registry.promote("anomaly", "1", Stage.PRODUCTION, "alice", "bootstrap")
-    with ModelRegistryWatcher(stack.bootstrap_servers, topic, name="tamper") as watcher:
+    with ModelRegistryWatcher(stack.kafka, topic, name="tamper") as watcher:
         ref = watcher.current("anomaly").production
         path = watcher.verified_path("anomaly", ref, tmp_path)
         path.write_bytes(path.read_bytes() + b"\x00")  # tampered after registration
@@ -78,14 +78,14 @@ def test_a_tampered_artifact_is_never_loaded(stack: StackSettings, topic: str, t
 
 def test_promote_canary_production_is_recorded_and_a_bad_canary_rolls_back(stack: StackSettings, topic: str,
                                                                           tmp_path: Path) -> None:
-    registry = ModelRegistry(stack.bootstrap_servers, topic)
+    registry = ModelRegistry(stack.kafka, topic)
     for v in ("1", "2", "3"):
         registry.register(version_fields(tmp_path, v), "alice", f"trained v{v}")
     registry.promote("anomaly", "1", "production", "alice", "first model")
     registry.set_policy("anomaly", {"admission": {"min_shadow_events": 200, "metric": "accuracy", "margin": 0.005},
                                     "canary": {"initial_share": 0.01, "step": 0.05, "interval_s": 0.01,
                                                "min_events": 50}}, "alice", "declared")
-    with ModelRegistryWatcher(stack.bootstrap_servers, topic, name="stages") as watcher:
+    with ModelRegistryWatcher(stack.kafka, topic, name="stages") as watcher:
         registry.promote("anomaly", "2", "challenger", "bob", "retrained")
         assert watcher.wait_for("anomaly", lambda r: r.shadow and r.challenger is not None, 5).challenger.version == "2"
         registry.record_shadow("anomaly", "2", 250, "accuracy", 0.991, 0.990, "shadow-scorer", "shadow window 1")
@@ -114,7 +114,7 @@ def test_promote_canary_production_is_recorded_and_a_bad_canary_rolls_back(stack
         routing = watcher.wait_for("anomaly", lambda r: r.challenger is None, 5)
         assert routing.production.version == "2"
 
-    events = ModelRegistry(stack.bootstrap_servers, topic).refresh().models["anomaly"].events
+    events = ModelRegistry(stack.kafka, topic).refresh().models["anomaly"].events
     summary = [(e.type, e.version, e.actor) for e in events if e.type != "registered"]
     assert summary == [
         ("transition", "1", "alice"), ("policy", None, "alice"), ("transition", "2", "bob"),
@@ -129,13 +129,13 @@ def test_promote_canary_production_is_recorded_and_a_bad_canary_rolls_back(stack
 
 
 def test_rollback_reaches_every_watcher_within_the_rto(stack: StackSettings, topic: str, tmp_path: Path) -> None:
-    registry = ModelRegistry(stack.bootstrap_servers, topic)
+    registry = ModelRegistry(stack.kafka, topic)
     for v in ("1", "2"):
         registry.register(version_fields(tmp_path, v), "alice", "")
     registry.promote("anomaly", "1", "production", "alice", "")
     registry.promote("anomaly", "2", "challenger", "alice", "")
     registry.promote("anomaly", "2", "production", "alice", "hotfix", force=True)
-    watchers = [ModelRegistryWatcher(stack.bootstrap_servers, topic, name=f"worker-{i}").start() for i in range(3)]
+    watchers = [ModelRegistryWatcher(stack.kafka, topic, name=f"worker-{i}").start() for i in range(3)]
     try:
         seen: dict[str, float] = {}
         for w in watchers:

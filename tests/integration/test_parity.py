@@ -54,7 +54,7 @@ def recorded(stack, tmp_path_factory):
     in_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
     out_codec = codec(stack.registry_url, "pm.features.device_window-value", load_schema("pm.features.device_window-value"))
     readings = recorded_readings(20, 30.0)
-    produce_records(stack.bootstrap_servers, source, in_codec, readings, key="device_id")
+    produce_records(stack.kafka, source, in_codec, readings, key="device_id")
     return {"tmp": tmp, "path": path, "prefix": prefix, "topology": topology, "source": source,
             "readings": readings, "out_codec": out_codec}
 
@@ -65,12 +65,12 @@ def embedded_rows(stack, recorded):
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     try:
-        rows = read_rows(stack.bootstrap_servers, f"{recorded['prefix']}.features.device_window",
+        rows = read_rows(stack.kafka, f"{recorded['prefix']}.features.device_window",
                          recorded["out_codec"], idle_s=4.0)
     finally:
         runner.stop()
         thread.join(30)
-    late = count_records(stack.bootstrap_servers, f"{recorded['prefix']}.dlq.features")
+    late = count_records(stack.kafka, f"{recorded['prefix']}.dlq.features")
     return by_window(rows, key="device_id"), late
 
 
@@ -78,20 +78,20 @@ def embedded_rows(stack, recorded):
 def flink_rows(stack, recorded):
     prefix = recorded["prefix"]
     output, dlq = f"{prefix}.features.device_window_flink", f"{prefix}.dlq.features_flink"
-    create_topics(stack.bootstrap_servers, [output, dlq])
+    create_topics(stack.kafka, [output, dlq])
     argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE), dlq=dlq, group=f"{prefix}.features-flink",
                     source=recorded["source"], output=output,
                     bounded=True, online_project=f"{prefix}-flink")
     run_job(argv, timeout_s=300, log_path=Path(recorded["tmp"]) / "flink.log")
-    rows = read_rows(stack.bootstrap_servers, output, recorded["out_codec"], idle_s=1.0)
-    return by_window(rows, key="device_id"), count_records(stack.bootstrap_servers, dlq)
+    rows = read_rows(stack.kafka, output, recorded["out_codec"], idle_s=1.0)
+    return by_window(rows, key="device_id"), count_records(stack.kafka, dlq)
 
 
 @pytest.fixture(scope="module")
 def faust_rows(stack, recorded, embedded_rows):
     prefix = recorded["prefix"]
     output, dlq = f"{prefix}.features.device_window_faust", f"{prefix}.dlq.features_faust"
-    create_topics(stack.bootstrap_servers, [output, dlq])
+    create_topics(stack.kafka, [output, dlq])
     argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
                              redis_url=stack.redis_url, project=f"{prefix}-faust",
                              source=recorded["source"], output=output, dlq=dlq, group=f"{prefix}.features-faust",
@@ -101,14 +101,14 @@ def faust_rows(stack, recorded, embedded_rows):
         try:
             deadline = time.monotonic() + 120
             want = len(embedded_rows[0])
-            while count_records(stack.bootstrap_servers, output) < want and time.monotonic() < deadline:
+            while count_records(stack.kafka, output) < want and time.monotonic() < deadline:
                 assert worker.poll() is None, (Path(recorded["tmp"]) / "faust.log").read_text()[-3000:]
                 time.sleep(0.5)
-            rows = read_rows(stack.bootstrap_servers, output, recorded["out_codec"], idle_s=2.0)
+            rows = read_rows(stack.kafka, output, recorded["out_codec"], idle_s=2.0)
         finally:
             worker.terminate()
             worker.wait(30)
-    return by_window(rows, key="device_id"), count_records(stack.bootstrap_servers, dlq)
+    return by_window(rows, key="device_id"), count_records(stack.kafka, dlq)
 
 
 def test_embedded_engine_matches_a_numpy_reference_with_disorder_and_late_readings(recorded, embedded_rows):

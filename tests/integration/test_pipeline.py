@@ -1,4 +1,9 @@
-"""The walking skeleton end to end on the real stack: simulator → ingest → features → Triton → rules → actions."""
+"""The walking skeleton end to end on the real stack: simulator → ingest → features → Triton → rules → actions.
+
+It runs twice: on the developer stack, and on the secured stack (every processor its own SASL_SSL
+principal with the ACLs `tangram apply` generated, the registry's read-only user, its own Redis
+user, Triton's model control behind a key).
+"""
 
 from __future__ import annotations
 
@@ -25,9 +30,16 @@ from isolation import isolated_topology
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(scope="module", params=["stack", "secured_stack"])
+def run_on(request):
+    """The stack a run uses: the developer stack, then the secured one."""
+    return request.getfixturevalue(request.param)
+
+
 @pytest.fixture(scope="module")
-def pipeline(stack, tmp_path_factory):
+def pipeline(run_on, tmp_path_factory):
     """One short run of the reference topology: a worn bearing, two healthy machines, one sending garbage."""
+    stack = run_on
     rng = np.random.default_rng(11)
     devices = [
         Device.random("bearing-1", rng, "bearing_wear", onset_s=3.0),
@@ -86,13 +98,12 @@ def test_event_to_action_latency_is_measured(summary):
     assert summary.latencies_ms and all(0 <= ms < 30_000 for ms in summary.latencies_ms)
 
 
-def test_a_trace_covers_every_hop_of_a_real_event(stack, pipeline):
-    summary, path = pipeline
+def test_a_trace_covers_every_hop_of_a_real_event(run_on, pipeline):
+    stack, (summary, path) = run_on, pipeline
     topology = load_topology(path)
     action = next(a for a in summary.actions if a["device_id"] == "bearing-1")
     ingest = topology.processors["ingest"].outputs[0]
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"t-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(stack.kafka.config({"group.id": f"t-{uuid.uuid4().hex}", "enable.auto.commit": False}))
     consumer.assign([TopicPartition(ingest, p, 0) for p in range(topology.partitions(ingest))])
     reading_codec = codec(stack.registry_url, "pm.ingest.telemetry-value", load_schema("pm.ingest.telemetry-value"))
     event_id, deadline = None, time.monotonic() + 30

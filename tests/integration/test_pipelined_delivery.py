@@ -102,7 +102,7 @@ def produce(stack, topic: str, n: int, per_s: float | None = None) -> list[bytes
 
 
 def runner(stack, group: str, source: str, processor: Processor, exactly_once: bool) -> Runner:
-    return Runner(processor, RunnerConfig(bootstrap_servers=stack.bootstrap_servers, group_id=group,
+    return Runner(processor, RunnerConfig(kafka=stack.kafka, group_id=group,
                                           inputs=(source,), batch_size=50, max_wait_ms=50,
                                           exactly_once=exactly_once, backoff_initial_s=0.05, backoff_max_s=0.2,
                                           session_timeout_ms=6000))
@@ -117,7 +117,7 @@ def start(r: Runner) -> threading.Thread:
 def wait_for_outputs(stack, sink: str, at_least: int, timeout_s: float = 120.0) -> None:
     """Until ``sink`` holds ``at_least`` records (end offsets: transaction markers count too)."""
     deadline = time.monotonic() + timeout_s
-    while count_records(stack.bootstrap_servers, sink) < at_least:
+    while count_records(stack.kafka, sink) < at_least:
         assert time.monotonic() < deadline, f"{sink}: fewer than {at_least} outputs after {timeout_s}s"
         time.sleep(0.2)
 
@@ -125,7 +125,7 @@ def wait_for_outputs(stack, sink: str, at_least: int, timeout_s: float = 120.0) 
 def read_when_idle(stack, sink: str, n: int, timeout_s: float = 120.0) -> list:
     """Every record of ``sink`` once at least ``n`` are readable and nothing more arrives for 2 s."""
     deadline = time.monotonic() + timeout_s
-    while len(outputs := read_rows(stack.bootstrap_servers, sink, None, idle_s=2.0)) < n:
+    while len(outputs := read_rows(stack.kafka, sink, None, idle_s=2.0)) < n:
         assert time.monotonic() < deadline, f"{sink}: {len(outputs)} of {n} outputs after {timeout_s}s"
     return outputs
 

@@ -101,7 +101,7 @@ def test_fusion_with_a_missing_member_emits_after_the_wait_and_says_so(stack, tm
 def test_a_rule_change_under_load_loses_and_doubles_no_action(stack, tmp_path):
     one = [{"name": "every_v1", "when": "score >= 0", "action": "review"}]
     topology, _, prefix = rules_topology(tmp_path, stack, rules=one, cooldown_ms=0)
-    center = ConfigCenter(stack.bootstrap_servers, f"_tangram.config.{prefix}")
+    center = ConfigCenter(stack.kafka, f"_tangram.config.{prefix}")
     feed, actions = Feed(stack, prefix), Actions(stack, prefix)
     n_devices, n_windows = 20, 100
     with InProcess(topology, "rules", stack) as proc:
@@ -130,7 +130,7 @@ def test_a_rule_change_under_load_loses_and_doubles_no_action(stack, tmp_path):
 
 
 def test_a_malformed_rule_set_is_refused_at_publish(stack, tmp_path):
-    center = ConfigCenter(stack.bootstrap_servers, f"_tangram.config.refuse{time.time_ns()}")
+    center = ConfigCenter(stack.kafka, f"_tangram.config.refuse{time.time_ns()}")
     from streams.errors import ConfigValidationError
 
     with pytest.raises(ConfigValidationError, match=r"rule 'oops' \(#1 of its rule set\): syntax error at position 9"):

@@ -167,7 +167,7 @@ def in_thread_runner(topology: Topology, stack: StackSettings, **config) -> tupl
     """The inference processor in this process (its counters are readable), on a short poll interval."""
     spec = topology.processors["inference"]
     runner = Runner(build_processor(topology, "inference", own_triton(stack)),
-                    RunnerConfig(bootstrap_servers=stack.bootstrap_servers, group_id=topology.group("inference"),
+                    RunnerConfig(kafka=stack.kafka, group_id=topology.group("inference"),
                                  inputs=tuple(spec.inputs), batch_size=spec.batch_size, max_wait_ms=spec.max_wait_ms,
                                  exactly_once=spec.exactly_once, **config))
     thread = threading.Thread(target=runner.run, daemon=True)

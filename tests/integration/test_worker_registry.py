@@ -45,7 +45,7 @@ def test_worker_follows_the_registry_and_refuses_a_tampered_artifact(stack, tmp_
     assert topology.processors["inference"].params["follow_registry"] is True
     apply(topology, stack)
     repo = stack.model_repository
-    registry = ModelRegistry(stack.bootstrap_servers, topic)
+    registry = ModelRegistry(stack.kafka, topic)
     card = {**card_fields(repo / "anomaly" / "model_card.json", repo), "owner": "ml-platform", "license": "Apache-2.0"}
     registry.register(card, "ci", "trained by make")
     registry.promote("anomaly", "1", "production", "ci", "first model")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from streams.security.kafka import KafkaConnection
 from streams.delivery import Output, Processor, Record, Runner, RunnerConfig
 from streams.kafka_fakes import FakeConsumer, FakeProducer, VirtualClock
 
@@ -55,7 +56,7 @@ def loop(partitions: int = 1, **config) -> tuple[Runner, Copy, FakeConsumer, Fak
     producer = FakeProducer()
     copy = Copy(clock, producer, consumer)
     settings = {"batch_size": 500, "max_wait_ms": 100, "linger_ms": 5, **config}
-    runner = Runner(copy, RunnerConfig(bootstrap_servers="fake:9092", group_id="g", inputs=("in",), **settings),
+    runner = Runner(copy, RunnerConfig(kafka=KafkaConnection("fake:9092"), group_id="g", inputs=("in",), **settings),
                     consumer=consumer, producer=producer)
     copy.runner = runner
     consumer.on_commit = runner._on_commit  # the callback the consumer's configuration names

@@ -19,7 +19,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from cloudcoil.models.keda.v1alpha1 import ScaledObject
+from cloudcoil.models.keda.v1alpha1 import ScaledObject, TriggerAuthentication
 from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
 from reference import IMAGE_APP, PM_TOPOLOGY as TOPOLOGY
 from typer.testing import CliRunner
@@ -28,11 +28,13 @@ from streams.cli import app
 from streams.deploy import ChartSettings, chart_values, render_chart
 from streams.errors import TangramError, TopologyError
 from streams.monitor.dashboards import DASHBOARDS, PROCESSOR_METRICS_PORT, dashboard_json
+from streams.security.acls import principal_grants, processor_principal, strimzi_acls
 from streams.topology import ComputeConstraints, load_topology
 
 RELEASE = "pm"
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
-CRD_MODELS = {"ScaledObject": ScaledObject, "ServiceMonitor": ServiceMonitor}
+CRD_MODELS = {"ScaledObject": ScaledObject, "ServiceMonitor": ServiceMonitor, "TriggerAuthentication": TriggerAuthentication}
+STRIMZI = ("KafkaTopic", "KafkaUser")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -82,7 +84,7 @@ def test_helm_lint_passes(helm, chart):
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_builtin_kinds_validate_against_the_kubernetes_openapi_schemas(manifests, version):
-    builtin = [m for m in manifests if m["kind"] not in (*CRD_MODELS, "KafkaTopic")]
+    builtin = [m for m in manifests if m["kind"] not in (*CRD_MODELS, *STRIMZI)]
     assert {m["kind"] for m in builtin} == {"Deployment", "StatefulSet", "Service", "PersistentVolumeClaim", "Job",
                                             "ConfigMap"}
     for manifest in builtin:
@@ -98,7 +100,7 @@ def test_keda_and_prometheus_operator_resources_match_their_crds(manifests):
         kept = model.model_validate(manifest).model_dump(by_alias=True, exclude_unset=True, mode="json")
         assert kept == manifest, f"{manifest['kind']} {manifest['metadata']['name']}: a field is not in the CRD"
         checked += 1
-    assert checked == len(by_kind(manifests, "ScaledObject")) + len(by_kind(manifests, "ServiceMonitor")) > 0
+    assert checked == sum(len(by_kind(manifests, kind)) for kind in CRD_MODELS) > 0
 
 
 def test_kafka_topics_have_strimzis_structure(manifests):
@@ -114,6 +116,51 @@ def test_kafka_topics_have_strimzis_structure(manifests):
         assert isinstance(spec["replicas"], int) and 1 <= spec["replicas"] <= 32767
         assert set(spec["config"]) <= {"cleanup.policy", "retention.ms"}
         assert all(isinstance(value, str) for value in spec["config"].values())
+
+
+def test_every_principal_is_a_kafka_user_with_the_topologys_acls(manifests, topology):
+    users = by_kind(manifests, "KafkaUser")
+    grants = principal_grants(topology)
+    assert set(users) == {*grants, "tangram-registry", "tangram-operator"}
+    for name, user in users.items():
+        assert user["apiVersion"] == "kafka.strimzi.io/v1beta2" and DNS_SUBDOMAIN.match(name), name
+        assert user["metadata"]["labels"]["strimzi.io/cluster"] == "tangram"
+        assert user["spec"]["authentication"] == {"type": "scram-sha-512"}
+        acls = user["spec"].get("authorization", {}).get("acls", [])
+        if name in grants:
+            assert acls == strimzi_acls(grants[name])
+        for acl in acls:
+            assert set(acl) == {"resource", "operations"} and set(acl["operations"]) <= {"Read", "Write", "Describe", "Create"}
+            assert acl["resource"]["type"] in ("topic", "group", "transactionalId")
+            assert acl["resource"]["patternType"] in ("literal", "prefix")
+            writes_internal = "Write" in acl["operations"] and acl["resource"]["name"].startswith(("_tangram.", "_schemas"))
+            assert not writes_internal or name in ("pm.canary", "tangram-registry"), (name, acl)
+    assert "authorization" not in users["tangram-operator"]["spec"]  # a super user of the cluster: no ACLs of its own
+
+
+def test_processors_connect_as_their_own_principal_with_the_cluster_ca(manifests, topology):
+    for name in topology.processors:
+        pod = by_kind(manifests, "Deployment")[f"{RELEASE}-{name}"]["spec"]["template"]["spec"]
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        principal = processor_principal(topology, name)
+        assert env["TANGRAM_KAFKA_SECURITY__PROTOCOL"]["value"] == "SASL_SSL"
+        assert env["TANGRAM_KAFKA_SECURITY__USERNAME"]["value"] == principal
+        assert env["TANGRAM_KAFKA_SECURITY__PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": principal, "key": "password"}
+        assert env["TANGRAM_REGISTRY_USERNAME"]["value"] == "tangram-reader"
+        assert {"name": "kafka-ca", "secret": {"secretName": "tangram-cluster-ca-cert"}} in pod["volumes"]
+        assert env["TANGRAM_KAFKA_SECURITY__CA_FILE"]["value"] == "/etc/tangram/kafka-ca/ca.crt"
+    job = by_kind(manifests, "Job")[f"{RELEASE}-apply"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in job["env"]}
+    assert env["TANGRAM_KAFKA_SECURITY__USERNAME"]["value"] == "tangram-operator"
+    assert env["TANGRAM_REGISTRY_USERNAME"]["value"] == "tangram-operator"
+
+
+def test_without_kafka_security_no_users_and_plaintext(helm, chart):
+    manifests = template(helm, chart, "kafka.security.enabled=false", "kafka.port=9092")
+    assert not by_kind(manifests, "KafkaUser") and not by_kind(manifests, "TriggerAuthentication")
+    env = {e["name"] for d in by_kind(manifests, "Deployment").values() for c in d["spec"]["template"]["spec"]["containers"]
+           for e in c.get("env", [])}
+    assert not any(name.startswith("TANGRAM_KAFKA_SECURITY") for name in env)
 
 
 def test_round_trip_replicas_bounds_and_topics_equal_the_topology(manifests, topology):
@@ -190,7 +237,10 @@ def test_an_inference_processor_declaring_gpu_turns_the_gpu_on(topology):
 def test_secrets_are_referenced_never_written(manifests, chart):
     assert not by_kind(manifests, "Secret")
     values = yaml.safe_load((chart / "values.yaml").read_text())
-    secret = values["redis"]["existingSecret"]
+    registry = values["schemaRegistry"]
+    secrets = {values["redis"]["existingSecret"], registry["reader"]["secret"], registry["admin"]["secret"],
+               *values["kafka"]["users"]}  # the User Operator makes a Secret per KafkaUser
+    checked = 0
     for workload in [*by_kind(manifests, "Deployment").values(), *by_kind(manifests, "StatefulSet").values(),
                      *by_kind(manifests, "Job").values()]:
         pod = workload["spec"]["template"]["spec"]
@@ -198,7 +248,9 @@ def test_secrets_are_referenced_never_written(manifests, chart):
             for env in container.get("env", []):
                 if "PASSWORD" in env["name"]:
                     assert "value" not in env
-                    assert env["valueFrom"]["secretKeyRef"]["name"] == secret
+                    assert env["valueFrom"]["secretKeyRef"]["name"] in secrets
+                    checked += 1
+    assert checked > len(values["processors"])
 
 
 def test_apply_runs_before_an_upgrade_so_an_incompatible_schema_stops_it(manifests):

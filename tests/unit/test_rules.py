@@ -133,3 +133,37 @@ def _write(tmp_path, text):
     path = tmp_path / "t.yaml"
     path.write_text(rooted(text, PM))
     return load_topology(path)
+
+
+def test_an_action_carries_the_fields_its_schema_shares_with_the_record_it_decided_on():
+    """A document's extracted fields travel with its decision (no join for the subscriber); the action's own
+    fields (the reason, the rule) are never overwritten by a same-named field of the record."""
+    import json
+
+    from streams.delivery import Record
+    from streams.rules.processor import RuleProcessor
+
+    class JsonCodec:
+        def __init__(self, fields: list[str]):
+            self.schema_json = {"fields": [{"name": f} for f in fields]}
+
+        def encode(self, value: dict) -> bytes:
+            return json.dumps(value).encode()
+
+        def decode(self, data: bytes) -> dict:
+            return json.loads(data)
+
+    prediction = ["event_id", "doc_id", "uploaded_ms", "model_name", "model_version", "label", "score", "fields",
+                  "doc_type", "rule"]
+    action = ["event_id", "action_type", "doc_id", "rule", "reason", "fields", "doc_type", "uploaded_ms"]
+    settings = RulesSettings(rules=[RuleSpec(name="valid", when="score >= 0.8", action="approve")], entity_field="doc_id",
+                             time_field="uploaded_ms", actions={"approve": "x.actions.approve"}, live_config=False)
+    processor = RuleProcessor(input_codecs={"x.predictions": JsonCodec(prediction)},
+                              output_codecs={"x.actions.approve": JsonCodec(action)}, dlq_topic="x.dlq",
+                              redis_url="redis://127.0.0.1:1/0", settings=settings, app="x")
+    value = {"event_id": "e1", "doc_id": "d1", "uploaded_ms": 5, "model_name": "ocr", "model_version": "1",
+             "label": "id_card", "score": 0.9, "fields": {"name": "王芳"}, "doc_type": "id_card", "rule": "not mine"}
+    [out] = processor.process([Record("x.predictions", 0, 0, b"d1", json.dumps(value).encode(), {}, 0)])
+    decided = json.loads(out.value)
+    assert decided["fields"] == {"name": "王芳"} and decided["doc_type"] == "id_card"
+    assert decided["rule"] == "valid" and decided["action_type"] == "approve"

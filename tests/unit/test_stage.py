@@ -249,3 +249,22 @@ def test_an_undecodable_input_is_dead_lettered_and_never_reaches_the_sink():
     [dead] = sink.process([*alerts("s1"), record(b"\x00\x00", 5, "shop.actions.alert"), *alerts("s2")[:0]])
     assert dead.headers["dlq.reason"] == "undecodable" and dead.value == b"\x00\x00"
     assert Recorder.written == ["s1"]
+
+
+def test_a_record_that_skipped_an_ingest_hop_gets_its_ingest_time_and_a_trace_from_the_stage():
+    """A producer writing straight to a stage's input (no gateway, no ingest processor) sets no headers:
+    the stage stamps when the record entered Kafka and a trace id of its own, so latency and traces work."""
+    from streams.stage import Stage
+
+    class Copy(Stage):
+        def transform(self, value, record):
+            return {**value, "large": False}
+
+    stage = build(Copy, {**ENRICH, "outputs": ["shop.orders.scored"], "params": {}})
+    [bare] = orders(1.0)
+    bare = bare._replace(headers={}, timestamp_ms=1_700_000_000_123)
+    [out] = stage.process([bare])
+    assert out.headers["ingest_ms"] == "1700000000123" and len(out.headers["trace_id"]) == 32
+    assert out.headers["traceparent"].startswith(f"00-{out.headers['trace_id']}-")
+    [traced] = stage.process(orders(1.0))  # a record that has them keeps them
+    assert traced.headers["trace_id"] == b"t" * 32 and "ingest_ms" not in traced.headers

@@ -56,3 +56,12 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("app: [unclosed")
     with pytest.raises(TopologyError, match="not valid YAML"):
         load_topology(bad)
+
+
+def test_the_pipeline_counts_as_drained_after_its_slowest_declared_call():
+    """OCR on a CPU Triton takes seconds a batch: the demo and verify wait that long before calling it drained."""
+    from reference import INTAKE
+    from streams.launcher import quiet_period_s
+
+    assert quiet_period_s(load_topology(INTAKE)) == 30.0  # the OCR stage's Triton deadline
+    assert quiet_period_s(load_topology(REFERENCE)) == 5.0  # Redis' 5 s deadline over the 3 s floor

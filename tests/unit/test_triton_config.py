@@ -197,3 +197,12 @@ def test_the_onnx_backend_splits_a_dynamic_batch_back_into_its_requests() -> Non
     parts = backend.split_rows([merged, merged[:, :1]], [1, 3, 2])
     assert [p[0].tolist() for p in parts] == [merged[:1].tolist(), merged[1:4].tolist(), merged[4:].tolist()]
     assert [p[1].shape for p in parts] == [(1, 1), (3, 1), (2, 1)]
+
+
+def test_a_contract_dimension_of_minus_one_takes_any_size_as_triton_reads_it() -> None:
+    from inference_workers.triton_client import fits
+
+    assert fits((3, 48, 320), (3, 48, -1)) and fits((3, 48, 1600), (3, 48, -1))
+    assert fits((1, 544, 864), (1, -1, -1)) and fits((27,), (27,))
+    assert not fits((3, 32, 320), (3, 48, -1))  # a fixed dimension still has to match
+    assert not fits((3, 48), (3, 48, -1)) and not fits((26,), (27,))

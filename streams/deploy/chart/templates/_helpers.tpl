@@ -11,7 +11,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ printf "%s:%s" .Values.image.repository .Values.image.tag }}
 {{- end }}
 
-{{/* Where every Tangram container reaches Kafka, the registry, Redis (password by reference) and Triton. */}}
+{{/* Where every Tangram container reaches Kafka, the registry, Redis (password by reference) and Triton.
+     A container's identity (its Kafka principal, its registry user) comes from "tangram.identity". */}}
 {{- define "tangram.env" -}}
 - name: TANGRAM_HOST
   value: "0.0.0.0"
@@ -32,6 +33,52 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
       key: {{ .Values.redis.secretKey }}
 - name: TANGRAM_TRITON_HOST
   value: {{ printf "%s-triton" .Release.Name }}
+{{- end }}
+
+{{/* A container's Kafka principal and registry user, every password by reference:
+     (dict "root" $ "principal" NAME "registry" "reader"|"admin"). Mount "tangram.caVolume" beside it. */}}
+{{- define "tangram.identity" -}}
+{{- $root := .root }}
+{{- if $root.Values.kafka.security.enabled }}
+- name: TANGRAM_KAFKA_SECURITY__PROTOCOL
+  value: SASL_SSL
+- name: TANGRAM_KAFKA_SECURITY__MECHANISM
+  value: {{ $root.Values.kafka.security.mechanism | quote }}
+- name: TANGRAM_KAFKA_SECURITY__USERNAME
+  value: {{ .principal | quote }}
+- name: TANGRAM_KAFKA_SECURITY__PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .principal }}
+      key: password
+- name: TANGRAM_KAFKA_SECURITY__CA_FILE
+  value: {{ printf "/etc/tangram/kafka-ca/%s" $root.Values.kafka.security.caKey | quote }}
+{{- end }}
+{{- $user := index $root.Values.schemaRegistry .registry }}
+- name: TANGRAM_REGISTRY_USERNAME
+  value: {{ $user.user | quote }}
+- name: TANGRAM_REGISTRY_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $user.secret }}
+      key: {{ $user.key }}
+{{- end }}
+
+{{/* The cluster CA every Kafka client trusts (Strimzi's Secret), as a volume and its mount. */}}
+{{- define "tangram.caVolume" -}}
+{{- if .Values.kafka.security.enabled }}
+- name: kafka-ca
+  secret:
+    secretName: {{ .Values.kafka.security.caSecret }}
+{{- end }}
+{{- end }}
+
+{{- define "tangram.caMount" -}}
+{{- if .Values.kafka.security.enabled }}
+- name: kafka-ca
+  mountPath: /etc/tangram/kafka-ca
+  readOnly: true
+{{- end }}
 {{- end }}
 
 {{/* The fewest partitions among a processor's inputs: the most consumer-group members that get work. */}}
