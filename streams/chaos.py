@@ -139,9 +139,9 @@ class _Load(threading.Thread):
         self._halt = threading.Event()
         self._lock = threading.Lock()
         # a producer that outlives a broker restart: it retries until delivery.timeout.ms
-        self.producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True,
+        self.producer = Producer(stack.kafka.config({"enable.idempotence": True,
                                   "acks": "all", "linger.ms": 5, "delivery.timeout.ms": 300_000,
-                                  "on_delivery": self._delivered})
+                                  "on_delivery": self._delivered}))
         self.started = time.monotonic()
 
     def _delivered(self, err: KafkaError | None, msg) -> None:  # noqa: ANN001 - confluent-kafka's Message
@@ -214,8 +214,8 @@ class Campaign:
             if kind not in ("kill", "freeze", "stop", "registry-at-start", "oversize"):
                 raise TopologyError(f"chaos: unknown fault {fault!r} (kill:, freeze:, stop:, registry-at-start:, oversize)")
         self.services = {p.name: p for p in components.build(stack)}
-        self.probe = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"{self.prefix}-probe",
-                               "enable.auto.commit": False})
+        self.probe = Consumer(stack.kafka.config({"group.id": f"{self.prefix}-probe",
+                               "enable.auto.commit": False}))
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> Report:
@@ -306,7 +306,7 @@ class Campaign:
     def _oversize(self) -> str:
         """One record just under the producer's limit (its dead letter is over it), one over it (refused)."""
         source = self.topology.simulator.source
-        producer = Producer({"bootstrap.servers": self.stack.bootstrap_servers, "enable.idempotence": True})
+        producer = Producer(self.stack.kafka.config({"enable.idempotence": True}))
         under = 0
         for size in (999_960, 999_900, 999_800, 999_500, 999_000):
             try:
@@ -384,8 +384,8 @@ class Campaign:
     def _committed(self, group: str, ends: dict[TopicPartition, int]) -> bool:
         if not ends:
             return True
-        consumer = Consumer({"bootstrap.servers": self.stack.bootstrap_servers, "group.id": group,
-                             "enable.auto.commit": False})
+        consumer = Consumer(self.stack.kafka.config({"group.id": group,
+                             "enable.auto.commit": False}))
         try:
             committed = consumer.committed(list(ends), timeout=10)
         finally:
@@ -470,9 +470,9 @@ class Campaign:
     def _read(self, topic: str) -> list:
         """Every record of ``topic`` (read_committed), from the start to its end now."""
         ends = high_watermarks(self.probe, self.topology, [topic])
-        consumer = Consumer({"bootstrap.servers": self.stack.bootstrap_servers, "group.id": f"{self.prefix}-read",
+        consumer = Consumer(self.stack.kafka.config({"group.id": f"{self.prefix}-read",
                              "enable.auto.commit": False, "isolation.level": "read_committed",
-                             "fetch.max.bytes": 2_000_000, "max.partition.fetch.bytes": 2_000_000})
+                             "fetch.max.bytes": 2_000_000, "max.partition.fetch.bytes": 2_000_000}))
         consumer.assign([TopicPartition(tp.topic, tp.partition, 0) for tp in ends])
         out, done = [], {tp for tp, end in ends.items() if end == 0}
         deadline = time.monotonic() + 120

@@ -74,7 +74,7 @@ class LifecycleDrill:
             return
         name, spec = self.worker
         self.model = spec.params["model"]
-        self.registry = ModelRegistry(self.stack.bootstrap_servers, spec.params.get("registry_topic", MODELS_TOPIC))
+        self.registry = ModelRegistry(self.stack.kafka, spec.params.get("registry_topic", MODELS_TOPIC))
         repository = self.stack.model_repository
         card = repository / self.model / "model_card.json"
         if not card.is_file():
@@ -114,8 +114,8 @@ class LifecycleDrill:
         topic = spec.outputs[0] if not spec.params.get("shadow_topic") else \
             next(t for t in spec.outputs if t != spec.params["shadow_topic"])
         decode = topic_codec(self.topology, self.stack.registry_url, topic).decode
-        consumer = Consumer({"bootstrap.servers": self.stack.bootstrap_servers, "group.id": f"drill-{uuid.uuid4().hex}",
-                             "enable.auto.commit": False})
+        consumer = Consumer(self.stack.kafka.config({"group.id": f"drill-{uuid.uuid4().hex}",
+                             "enable.auto.commit": False}))
         ends = high_watermarks(consumer, self.topology, [topic])
         consumer.assign([TopicPartition(tp.topic, tp.partition, end) for tp, end in ends.items()])
 

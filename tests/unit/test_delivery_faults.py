@@ -6,6 +6,7 @@ from __future__ import annotations
 from streams.delivery import Output, Processor, Record, Runner, RunnerConfig
 from streams.errors import ServiceUnavailableError
 from streams.kafka_fakes import FakeConsumer, FakeProducer, VirtualClock
+from streams.security.kafka import KafkaConnection
 
 
 class FlushesLate(Processor):
@@ -42,7 +43,7 @@ def test_side_effects_that_fail_pause_the_partitions_then_commit_once_written_no
     consumer.arrive("in", 1, [b"d"])
     producer = FakeProducer()
     processor = FlushesLate(failures=2)
-    runner = Runner(processor, RunnerConfig(bootstrap_servers="fake:9092", group_id="g", inputs=("in",),
+    runner = Runner(processor, RunnerConfig(kafka=KafkaConnection("fake:9092"), group_id="g", inputs=("in",),
                                             backoff_initial_s=0.01, backoff_max_s=0.02),
                     consumer=consumer, producer=producer)
     runner.run(max_batches=1)
@@ -54,12 +55,12 @@ def test_side_effects_that_fail_pause_the_partitions_then_commit_once_written_no
 
 
 def test_a_processor_reading_several_topics_is_co_partitioned_with_the_range_assignor():
-    one = RunnerConfig(bootstrap_servers="x", group_id="g", inputs=("a",))
-    two = RunnerConfig(bootstrap_servers="x", group_id="g", inputs=("a", "b"))
+    one = RunnerConfig(kafka=KafkaConnection("x"), group_id="g", inputs=("a",))
+    two = RunnerConfig(kafka=KafkaConnection("x"), group_id="g", inputs=("a", "b"))
     processor = FlushesLate(0)
     assert one.strategy(processor) == "cooperative-sticky"
     assert two.strategy(processor) == "range"
     processor.copartitioned = False
     assert two.strategy(processor) == "cooperative-sticky"
-    forced = RunnerConfig(bootstrap_servers="x", group_id="g", inputs=("a", "b"), assignment_strategy="roundrobin")
+    forced = RunnerConfig(kafka=KafkaConnection("x"), group_id="g", inputs=("a", "b"), assignment_strategy="roundrobin")
     assert forced.strategy(FlushesLate(0)) == "roundrobin"
