@@ -244,15 +244,34 @@ def verify(
 @app.command()
 def chaos(
     topology: Path = AppArg,
-    faults: str = typer.Option("short", help="`short`, `long`, or a comma-separated list: kill:<processor>, "
-                                             "kill:broker, freeze:redis, freeze:triton, stop:redis, stop:triton, "
-                                             "registry-at-start:<processor>, oversize."),
+    faults: str = typer.Option("short", help="`short` (each of ingest, features, inference, rules killed; Redis and "
+                                             "Triton frozen; the broker killed; the registry down at the rules' "
+                                             "start; oversize), `long` (also drift and canary killed, Redis and "
+                                             "Triton stopped, the registry down at inference's start), or a "
+                                             "comma-separated list of kill:<processor>, kill:broker, freeze:redis, "
+                                             "freeze:triton, stop:redis, stop:triton, registry-at-start:<processor>, "
+                                             "oversize."),
     rate: float = typer.Option(200.0, help="Events/s of the load (the app simulator's, every event valid)."),
-    fault_s: float = typer.Option(8.0, help="How long a freeze, a stop or an outage lasts."),
+    fault_s: float = typer.Option(8.0, help="Seconds a freeze, a stop, the broker's or the registry's outage lasts."),
     exactly_once: bool = typer.Option(False, "--exactly-once", help="Every processor with Kafka transactions."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write the report as JSON here."),
 ) -> None:
-    """A fault campaign against the running topology under load: every event accounted for, recovery per fault."""
+    """A fault campaign against the running local stack under load; every event accounted for, recovery per fault.
+
+    It runs the app's processors under a fresh namespace (its own topics and consumer groups: the live app
+    is not touched) on the stack of `tangram up`, drives them with the app's simulator (every event valid),
+    and injects the faults one after the other: kill:<processor> (kill -9, restarted at once), freeze:redis
+    and freeze:triton (SIGSTOP of the serving processes for --fault-s), stop:redis and stop:triton (stopped
+    and started again), kill:broker (kill -9 of the Kafka broker, restarted after --fault-s),
+    registry-at-start:<processor> (the schema registry down while the processor restarts), oversize (a
+    record just under the producer's size limit and one over it). Recovery: from a fault's end until every
+    group committed past what its inputs held then.
+
+    At the end it reads every topic back and counts, by event id: sent (acknowledged), accepted, dead-lettered
+    (by stage and reason), duplicated, lost; the windows the accepted readings make and their predictions.
+    Exit status 0 only when something was sent, nothing was lost, no valid event was dead-lettered (no
+    duplicate either with --exactly-once) and every fault recovered within the timeout. The faults kill and
+    freeze processes of the local stack: never run it against a stack others use."""
     from rich.console import Console
 
     from streams.chaos import LONG, SHORT, Campaign, print_report
