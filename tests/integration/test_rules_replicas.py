@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
 
 from rules_helpers import Actions, Feed, InProcess, prediction, rules_topology, window
 
@@ -23,10 +25,22 @@ RULES = [{"name": "bearing_wear", "when": "label == 'bearing_wear' and confidenc
 DEVICES = 40
 
 
-def _owned(runner) -> dict[str, set[int]]:
-    owned: dict[str, set[int]] = {}
-    for tp in runner.consumer.assignment():
-        owned.setdefault(tp.topic.rsplit(".", 2)[-2] + "." + tp.topic.rsplit(".", 1)[-1], set()).add(tp.partition)
+def _members(stack, group: str) -> list[dict[str, set[int]]]:
+    """Each member's partitions of the group, by topic (without its namespace). Asked of the broker: a
+    consumer's own ``assignment()`` must not be called from another thread than its loop's."""
+    admin = AdminClient(stack.kafka.config())
+    try:
+        described = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    except KafkaException:
+        return []
+    if described.state.name != "STABLE":
+        return []
+    owned = []
+    for member in described.members:
+        tps: dict[str, set[int]] = {}
+        for tp in member.assignment.topic_partitions:
+            tps.setdefault(tp.topic.split(".", 1)[1], set()).add(tp.partition)
+        owned.append(tps)
     return owned
 
 
@@ -37,10 +51,10 @@ def test_two_replicas_own_the_same_partitions_of_both_inputs_and_decide_every_wi
     assert partitions == topology.partitions(inputs[1]) == 3
     feed, actions = Feed(stack, prefix), Actions(stack, prefix)
     with InProcess(topology, "rules", stack) as a, InProcess(topology, "rules", stack) as b:
-        deadline = time.monotonic() + 60
+        deadline, owned = time.monotonic() + 60, []
         while time.monotonic() < deadline:
-            owned = [_owned(a.runner), _owned(b.runner)]
-            if all(o for o in owned) and sum(len(p) for o in owned for p in o.values()) == 2 * partitions:
+            owned = _members(stack, topology.group("rules"))
+            if len(owned) == 2 and all(owned) and sum(len(p) for o in owned for p in o.values()) == 2 * partitions:
                 break
             time.sleep(0.5)
         else:
