@@ -82,7 +82,7 @@ class LifecycleDrill:
             return
         fields = {"owner": f"app {self.topology.app}", "license": "the app's own", **card_fields(card, repository)}
         built = str(fields["version"])
-        model = self.registry.state.models.get(self.model)
+        model = self.registry.refresh().models.get(self.model)  # what the registry holds already
         if model is None or built not in model.versions:
             self.registry.register(fields, ACTOR, "built by `tangram models build`")
         model = self.registry.state.models[self.model]

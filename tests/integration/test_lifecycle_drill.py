@@ -39,7 +39,7 @@ def test_the_drill_promotes_and_rolls_back_live_and_times_each_change(stack, tmp
     assert took <= rto, f"rollback took {took} s, the topology declares rollback_rto_s {rto}"
     registry = ModelRegistry(stack.kafka)
     try:
-        model = registry.state.models["anomaly"]
+        model = registry.refresh().models["anomaly"]
         assert model.production is not None and model.production != max(model.versions, key=int)
     finally:
         registry.close()
