@@ -247,7 +247,8 @@ def chaos(
     faults: str = typer.Option("short", help="`short` (each of ingest, features, inference, rules killed; Redis and "
                                              "Triton frozen; the broker killed; the registry down at the rules' "
                                              "start; oversize), `long` (also drift and canary killed, Redis and "
-                                             "Triton stopped, the registry down at inference's start), or a "
+                                             "Triton stopped, the registry down at inference's start; of those "
+                                             "processors, the ones the app has), or a "
                                              "comma-separated list of kill:<processor>, kill:broker, freeze:redis, "
                                              "freeze:triton, stop:redis, stop:triton, registry-at-start:<processor>, "
                                              "oversize."),
