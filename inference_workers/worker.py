@@ -84,6 +84,7 @@ from streams.lifecycle import MODELS_TOPIC, ModelRegistryWatcher
 from streams.lifecycle.state import Routing
 from streams.resilience import Guard
 from streams.security.kafka import KafkaConnection
+from streams.statelog import StateTopic
 
 log = logging.getLogger("tangram.inference")
 T = TypeVar("T")
@@ -288,9 +289,11 @@ class InferenceWorker(Processor):
         if self.routing_file and (settings := self.routing_file.poll()):
             self.routing.switch(self.routing.candidate(settings))
         if self.settings.follow_degradation:
+            StateTopic(self.kafka, self.settings.config_topic).ensure()  # a fresh stack has none yet
             self.config = ConfigSubscriber(self.kafka, self.settings.config_topic, name=self.name,
                                            namespaces=["feature-switch"]).start()
         if self.settings.follow_registry:
+            StateTopic(self.kafka, self.settings.registry_topic).ensure()
             self.watcher = ModelRegistryWatcher(self.kafka, self.settings.registry_topic, name=self.name).start()
             self.watcher.on_change(self._on_registry_change)
             if (settings := self._registry_settings(self.watcher.current(self.settings.model))) is not None:
