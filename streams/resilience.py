@@ -18,7 +18,8 @@ its calls through its guard:
   1 half-open, 2 open), with ``tangram_calls_total{outcome}`` and a latency histogram.
 
 When the tries are spent or the breaker is open the guard raises :class:`ServiceUnavailableError`,
-a :class:`~streams.errors.BackpressureError`: the delivery loop (:mod:`streams.delivery`) puts the
+a :class:`~streams.errors.BackpressureError` whose message ends with the service's own last failure (which
+model version, which host, which status) and whose ``__cause__`` is that failure: the delivery loop (:mod:`streams.delivery`) puts the
 batch back, pauses every partition and keeps polling (the group never rebalances), asks the
 processor whether it is ``ready()`` — a guard answers from its breaker first, without a call, while
 it is open — and resumes without loss. The longest a guarded call can block the loop is bounded
@@ -120,6 +121,8 @@ class Guard:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self._sleep = sleep
+        #: the service's newest failure (what the final error names, and chains, when the breaker hides it)
+        self.last_failure: BaseException | None = None
         spec: CircuitBreaker | None = call.circuit_breaker
         self.breaker: pybreaker.CircuitBreaker | None = None
         self._storage = pybreaker.CircuitMemoryStorage(pybreaker.STATE_CLOSED)  # where it keeps when it opened
@@ -169,10 +172,9 @@ class Guard:
                     return self._once(fn, *args, **kwargs)
         except ServiceUnavailableError:
             raise
-        except self.failures as exc:
-            raise self._unavailable(exc) from exc
-        except pybreaker.CircuitBreakerError as exc:
-            raise self._unavailable(exc) from exc
+        except (pybreaker.CircuitBreakerError, *self.failures) as exc:
+            error, cause = self._unavailable(exc)
+            raise error from cause
         raise AssertionError("unreachable")  # pragma: no cover - Retrying either returns or raises
 
     async def acall(self, fn: Callable[..., Awaitable[T]], *args: object, **kwargs: object) -> T:
@@ -185,10 +187,9 @@ class Guard:
                     return await self._aonce(fn, *args, **kwargs)
         except ServiceUnavailableError:
             raise
-        except self.failures as exc:
-            raise self._unavailable(exc) from exc
-        except pybreaker.CircuitBreakerError as exc:
-            raise self._unavailable(exc) from exc
+        except (pybreaker.CircuitBreakerError, *self.failures) as exc:
+            error, cause = self._unavailable(exc)
+            raise error from cause
         raise AssertionError("unreachable")  # pragma: no cover
 
     def probe(self, fn: Callable[[], object]) -> bool:
@@ -237,6 +238,12 @@ class Guard:
                 return fn(*args, **kwargs)
             with self.breaker.calling():
                 return fn(*args, **kwargs)
+        except self.failures as exc:
+            self.last_failure = exc
+            raise
+        except pybreaker.CircuitBreakerError as exc:  # the failure that tripped it is its context
+            self._note_tripped(exc)
+            raise
         finally:
             CALL_SECONDS.labels(self.processor, self.service).observe(time.perf_counter() - started)
 
@@ -247,22 +254,43 @@ class Guard:
                 return await fn(*args, **kwargs)
             with self.breaker.calling():
                 return await fn(*args, **kwargs)
+        except self.failures as exc:
+            self.last_failure = exc
+            raise
+        except pybreaker.CircuitBreakerError as exc:
+            self._note_tripped(exc)
+            raise
         finally:
             CALL_SECONDS.labels(self.processor, self.service).observe(time.perf_counter() - started)
+
+    def _note_tripped(self, exc: pybreaker.CircuitBreakerError) -> None:
+        context = exc.__cause__ or exc.__context__
+        if isinstance(context, self.failures):
+            self.last_failure = context
 
     def _check_open(self) -> None:
         if not self.available():
             CALLS.labels(self.processor, self.service, "rejected").inc()
-            raise ServiceUnavailableError(
+            last = f"; last failure: {self.last_failure}" if self.last_failure is not None else ""
+            error = ServiceUnavailableError(
                 f"{self.processor}: {self.service} circuit breaker open after {self.breaker.fail_counter} failures; "
-                f"next trial in {self._reset_left():.1f}s", service=self.service)
+                f"next trial in {self._reset_left():.1f}s{last}", service=self.service)
+            raise error from self.last_failure
         CALLS.labels(self.processor, self.service, "ok").inc(0)  # the series exists from the first call on
 
-    def _unavailable(self, exc: BaseException) -> ServiceUnavailableError:
+    def _unavailable(self, exc: BaseException) -> tuple[ServiceUnavailableError, BaseException]:
+        """The final error of a call, and its cause: the service's own failure, also when the breaker tripped on it
+        (pybreaker then raises its own error, which says nothing of what failed)."""
         CALLS.labels(self.processor, self.service, "failed").inc()
-        return ServiceUnavailableError(f"{self.processor}: {self.service} unavailable "
-                                       f"({self.tries} tries of {self.timeout_s:g}s, breaker {self.state}): {exc}",
-                                       service=self.service)
+        cause = exc
+        if isinstance(exc, pybreaker.CircuitBreakerError):
+            context = exc.__cause__ or exc.__context__
+            cause = context if isinstance(context, self.failures) else (self.last_failure or exc)
+        detail = str(cause) if cause is exc else f"{cause} (then: {exc})"
+        error = ServiceUnavailableError(f"{self.processor}: {self.service} unavailable "
+                                        f"({self.tries} tries of {self.timeout_s:g}s, breaker {self.state}): {detail}",
+                                        service=self.service)
+        return error, cause
 
     def _reset_due(self) -> bool:
         return self._reset_left() <= 0

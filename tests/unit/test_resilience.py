@@ -89,6 +89,17 @@ def test_retries_stop_once_the_breaker_opens():
     assert fn.calls == 2
 
 
+def test_the_final_error_names_and_chains_the_services_own_failure_also_when_the_breaker_trips_on_it():
+    """pybreaker raises its own error on the failure that opens it; the user still reads what failed."""
+    guard, fn = _guard(retries=4, failures=5, name="names-cause"), Flaky(fail=100)
+    with pytest.raises(ServiceUnavailableError, match=r"5 tries .*breaker open.*refused #5") as info:
+        guard.call(fn)
+    assert isinstance(info.value.__cause__, Down) and str(info.value.__cause__) == "refused #5"
+    with pytest.raises(ServiceUnavailableError, match=r"circuit breaker open.*last failure: refused #5") as info:
+        guard.call(fn)  # rejected without a call: the last failure is still named
+    assert isinstance(info.value.__cause__, Down) and fn.calls == 5
+
+
 def test_async_calls_share_the_policy():
     guard = _guard(retries=1, failures=2, name="async")
     calls = []
