@@ -13,9 +13,12 @@ run concurrently, each with its deadline. What happens when something fails:
 
 - a row that cannot be decoded or has non-finite features goes to the DLQ at once;
 - Triton down, overloaded or past its deadline (:class:`~streams.errors.InferenceUnavailableError`):
-  the worker raises :class:`~streams.errors.BackpressureError`; the delivery loop pauses the
-  partitions, keeps polling, backs off, asks :meth:`InferenceWorker.ready`, resumes and retries
-  the same records. Nothing is produced or committed meanwhile, so nothing is lost;
+  each call goes through the worker's Triton guard (:mod:`streams.resilience`: the topology's
+  ``calls`` deadline, retries with jittered backoff, circuit breaker); when its tries are spent or
+  the breaker is open the worker raises :class:`~streams.errors.BackpressureError`; the delivery
+  loop pauses the partitions, keeps polling, backs off, asks :meth:`InferenceWorker.ready` (no call
+  to Triton while the breaker is open), resumes and retries the same records. Nothing is produced
+  or committed meanwhile, so nothing is lost;
 - Triton answers but refuses the batch while the model is ready: the batch is bisected to find
   the rows it refuses; such a row is retried with the batch (backpressure) and, on its
   ``max_row_attempts``-th failure, goes to the DLQ with reason ``inference_refused``.
@@ -72,13 +75,16 @@ from streams.errors import (
     BackpressureError,
     InferenceError,
     InferenceUnavailableError,
+    ServiceUnavailableError,
     TopologyError,
 )
 from streams.config_center import CONFIG_TOPIC, ConfigSubscriber
 from streams.features.spec import load_feature_set
 from streams.lifecycle import MODELS_TOPIC, ModelRegistryWatcher
 from streams.lifecycle.state import Routing
+from streams.resilience import Guard
 from streams.security.kafka import KafkaConnection
+from streams.statelog import StateTopic
 
 log = logging.getLogger("tangram.inference")
 T = TypeVar("T")
@@ -183,12 +189,14 @@ class InferenceWorker(Processor):
 
     name = "inference"
     pipelined = True  # a batch's Triton calls overlap the delivery of the batch before
+    services = frozenset({"triton", "registry"})
     needs_models = True  # following the registry, it checks each artifact's digest before a switch
 
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, output_topic: str, dlq_topic: str,
                  triton_url: str, settings: InferenceSettings, contract: ModelContract, features: Sequence[str],
                  shadow_topic: str | None = None, kafka: KafkaConnection | None = None,
-                 model_repository: Path | None = None, triton_key: str | None = None):
+                 model_repository: Path | None = None, triton_key: str | None = None,
+                 triton_guard: Guard | None = None, models_per_server: int | None = None):
         self.input_codec = input_codec
         self.output_codec = output_codec
         self.input_batch = input_codec.batch
@@ -200,6 +208,11 @@ class InferenceWorker(Processor):
         self.dlq_topic = dlq_topic
         self.triton_url = triton_url
         self.settings = settings
+        #: the topology's Triton calls (deadline, retries, breaker); the deadline is the declared one when given
+        self.triton_guard = triton_guard
+        self.timeout_s = triton_guard.timeout_s if triton_guard is not None else settings.timeout_s
+        #: the topology's state.models_per_server: the most versions the routing has Triton keep loaded
+        self.models_per_server = models_per_server
         self.contract = contract
         self.features = tuple(features)
         if contract.input.dims != (len(self.features),):
@@ -228,7 +241,7 @@ class InferenceWorker(Processor):
         self._pending: RoutingSettings | None = None  # a routing change Triton could not take yet: retried
         self._standby: set[ModelTarget] = set()  # the registry's previous Production, kept loaded for rollbacks
         self._stale_standby: set[ModelTarget] = set()  # standby versions replaced since the last switch: unloaded
-        self.repository = ModelRepository(triton_url, settings.timeout_s, settings.load_timeout_s,  # explicit control
+        self.repository = ModelRepository(triton_url, self.timeout_s, settings.load_timeout_s,  # explicit control
                                           control_key=triton_key)
         self.config: ConfigSubscriber | None = None
         self.models: dict[ModelTarget, TritonModel] = {}
@@ -256,11 +269,18 @@ class InferenceWorker(Processor):
                                 f"got {outputs}")
         features = settings.features or load_feature_set(ctx.path(settings.feature_set)).feature_names
         contract = ModelContract.from_config(ctx.topology.model_repository / settings.model)
+        guard = ctx.calls.guard("triton", (InferenceUnavailableError,))
+        if "triton" in ctx.calls.declared and "timeout_s" in settings.model_fields_set \
+                and abs(settings.timeout_s - guard.timeout_s) > 1e-9:
+            raise TopologyError(f"processor {ctx.name!r}: params.timeout_s {settings.timeout_s:g} s and its declared "
+                                f"triton call's timeout_ms {guard.call_spec.timeout_ms} disagree; keep one "
+                                "(the `calls:` declaration is the deadline)")
         return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), output_topic=outputs[0],
                    dlq_topic=ctx.dlq, triton_url=ctx.stack.triton_grpc_url, settings=settings, contract=contract,
                    features=features, shadow_topic=settings.shadow_topic,
                    kafka=ctx.stack.kafka, model_repository=ctx.stack.model_repository,
-                   triton_key=ctx.stack.triton_key)
+                   triton_key=ctx.stack.triton_key, triton_guard=guard,
+                   models_per_server=ctx.spec.state.models_per_server)
 
     # -- lifecycle -------------------------------------------------------------------
     def setup(self) -> None:
@@ -269,9 +289,11 @@ class InferenceWorker(Processor):
         if self.routing_file and (settings := self.routing_file.poll()):
             self.routing.switch(self.routing.candidate(settings))
         if self.settings.follow_degradation:
+            StateTopic(self.kafka, self.settings.config_topic).ensure()  # a fresh stack has none yet
             self.config = ConfigSubscriber(self.kafka, self.settings.config_topic, name=self.name,
                                            namespaces=["feature-switch"]).start()
         if self.settings.follow_registry:
+            StateTopic(self.kafka, self.settings.registry_topic).ensure()
             self.watcher = ModelRegistryWatcher(self.kafka, self.settings.registry_topic, name=self.name).start()
             self.watcher.on_change(self._on_registry_change)
             if (settings := self._registry_settings(self.watcher.current(self.settings.model))) is not None:
@@ -287,7 +309,7 @@ class InferenceWorker(Processor):
     async def _model(self, target: ModelTarget) -> TritonModel:
         model = self.models.get(target)
         if model is None:
-            model = TritonModel(self.triton_url, target.model, target.version, self.settings.timeout_s,
+            model = TritonModel(self.triton_url, target.model, target.version, self.timeout_s,
                                 contract=self.contract)
             try:
                 await model.setup()  # InferenceError naming the field that differs
@@ -371,6 +393,9 @@ class InferenceWorker(Processor):
             plan = self.routing.candidate(settings)
             if plan.shadow and not self.shadow_topic:
                 raise TopologyError("shadow routing needs `shadow_topic` in the processor's params")
+            if self.models_per_server is not None and len(plan.targets) > self.models_per_server:
+                raise TopologyError(f"the routing {plan.describe()} needs {len(plan.targets)} versions loaded, "
+                                    f"models_per_server is {self.models_per_server}")
             self._run(self._serve(plan.targets))
             for target in plan.targets:
                 self._run(self._model(target))
@@ -387,7 +412,12 @@ class InferenceWorker(Processor):
         stale, self._stale_standby = self._stale_standby, set()
         if dropped := [t for t in {*previous.targets, *stale} if t not in plan.targets and t not in self._standby]:
             self._run(self._retire(dropped))
-        if standby := [t for t in self._standby if t not in plan.targets]:
+        standby = [t for t in self._standby if t not in plan.targets]
+        if standby and self.models_per_server is not None and len(plan.targets) + len(standby) > self.models_per_server:
+            log.info("%s: standby %s not kept loaded: models_per_server %d (a rollback loads it first)", self.name,
+                     ", ".join(map(str, standby)), self.models_per_server)
+            standby = []
+        if standby:
             try:
                 self._run(self._serve(standby))
             except InferenceError as exc:  # only a faster rollback is at stake
@@ -413,6 +443,9 @@ class InferenceWorker(Processor):
         """
         self._refresh_routing()
         plan = self.routing.plan
+        if self.triton_guard is not None and not self.triton_guard.available():
+            log.info("%s: not ready: the Triton circuit breaker is open (%s)", self.name, self.triton_guard.state)
+            return False
 
         async def probe() -> bool:
             try:
@@ -608,7 +641,13 @@ class InferenceWorker(Processor):
     async def _call(self, model: TritonModel, target: ModelTarget, matrix: np.ndarray) -> np.ndarray:
         started = time.perf_counter()
         try:
-            result = await model.infer(matrix)
+            if self.triton_guard is None:
+                result = await model.infer(matrix)
+            else:
+                try:
+                    result = await self.triton_guard.acall(model.infer, matrix)
+                except ServiceUnavailableError as exc:  # tries spent or breaker open: Triton is unavailable
+                    raise InferenceUnavailableError(str(exc)) from exc
         except InferenceUnavailableError:
             ERRORS.labels(target.model, target.version, "unavailable").inc()
             raise

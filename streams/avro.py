@@ -9,6 +9,7 @@ writer id into it) plus the batch codec of the hot paths (:mod:`streams.columnar
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from streams.columnar import BatchCodec
 from streams.errors import SchemaError, TopologyError
+from streams.resilience import DEFAULT_CALLS, Guard
 from streams.wire import Codec, WireFormatError, parse
 
 if TYPE_CHECKING:
@@ -27,24 +29,46 @@ if TYPE_CHECKING:
 SMALL_BATCH = 32
 
 
+class RegistryFailure(SchemaError):
+    """The registry did not answer, or failed (5xx): the service's fault, not the schema's (retried, then backpressure)."""
+
+
 class RegistryClient:
-    """A thin cache over confluent-kafka's ``SchemaRegistryClient``: register, look up, writer schemas by id."""
+    """A thin cache over confluent-kafka's ``SchemaRegistryClient``: register, look up, writer schemas by id.
+
+    Every call goes through ``guard`` (:mod:`streams.resilience`: deadline, retries, breaker), so an
+    unreachable registry raises :class:`~streams.errors.ServiceUnavailableError` (backpressure), never a
+    schema error: a record is never dead-lettered because the registry was down.
+    """
 
     def __init__(self, url: str, timeout_s: float = 5.0):
         self.url = url
         self.client = SchemaRegistryClient({"url": url, "timeout": timeout_s})
         self._by_id: dict[int, Any] = {}
+        self.guard: Guard = Guard("registry-client", DEFAULT_CALLS["registry"], (RegistryFailure,))
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        def once() -> Any:
+            try:
+                return fn(*args)
+            except SchemaRegistryError as exc:
+                if exc.http_status_code >= 500 or exc.http_status_code < 0:
+                    raise RegistryFailure(f"schema registry {self.url}: {exc}") from exc
+                raise
+            except Exception as exc:  # noqa: BLE001 - the HTTP client's connect/read errors and timeouts
+                raise RegistryFailure(f"schema registry {self.url}: {type(exc).__name__}: {exc}") from exc
+        return self.guard.call(once)
 
     def register(self, subject: str, schema_text: str) -> int:
         try:
-            return self.client.register_schema(subject, Schema(schema_text, "AVRO"))
+            return self._call(self.client.register_schema, subject, Schema(schema_text, "AVRO"))
         except SchemaRegistryError as exc:
             raise SchemaError(f"registry refused {subject}: {exc}") from exc
 
     def lookup(self, subject: str, schema_text: str) -> int:
         """The id of ``schema_text`` under ``subject``; fails if `tangram apply` has not registered it."""
         try:
-            return self.client.lookup_schema(subject, Schema(schema_text, "AVRO")).schema_id
+            return self._call(self.client.lookup_schema, subject, Schema(schema_text, "AVRO")).schema_id
         except SchemaRegistryError as exc:
             raise SchemaError(
                 f"subject {subject!r} does not hold this schema in the registry at {self.url} ({exc}); "
@@ -54,7 +78,7 @@ class RegistryClient:
     def latest(self, subject: str) -> dict:
         """The newest schema registered under ``subject``."""
         try:
-            return json.loads(self.client.get_latest_version(subject).schema.schema_str)
+            return json.loads(self._call(self.client.get_latest_version, subject).schema.schema_str)
         except SchemaRegistryError as exc:
             raise SchemaError(f"subject {subject!r} is not in the registry at {self.url} ({exc}); "
                               "run `tangram apply <app>` first") from exc
@@ -63,7 +87,7 @@ class RegistryClient:
         """The writer schema with this id, parsed for fastavro (cached)."""
         if schema_id not in self._by_id:
             try:
-                text = self.client.get_schema(schema_id).schema_str
+                text = self._call(self.client.get_schema, schema_id).schema_str
             except SchemaRegistryError as exc:
                 raise WireFormatError(f"unknown schema id {schema_id}: {exc}") from exc
             self._by_id[schema_id] = parse(json.loads(text))
@@ -105,6 +129,11 @@ def codec(registry_url: str, subject: str, schema: dict | None = None, *, regist
     return _cached_codec(registry_url, subject, json.dumps(schema), register)
 
 
+def registry_client(url: str) -> RegistryClient:
+    """The process's client of the registry at ``url`` (one per URL; its guard is the processor's registry calls)."""
+    return _registry(url)
+
+
 def topic_codec(topology: Topology, registry_url: str, topic: str) -> AvroCodec:
     """The codec of an Avro topic of ``topology``: its subject, with the schema of the app's file."""
     subject = topology.topics[topic].schema_
@@ -113,4 +142,4 @@ def topic_codec(topology: Topology, registry_url: str, topic: str) -> AvroCodec:
     return codec(registry_url, subject, topology.schema(subject))
 
 
-__all__ = ["AvroCodec", "RegistryClient", "WireFormatError", "codec", "topic_codec"]
+__all__ = ["AvroCodec", "RegistryClient", "RegistryFailure", "WireFormatError", "codec", "registry_client", "topic_codec"]

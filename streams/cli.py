@@ -165,11 +165,13 @@ def demo(
     duration: float = typer.Option(60.0, help="Seconds of simulated events."),
     entities: int = typer.Option(20, help="Simulated entities (devices, documents, ...), as the app's simulator has them."),
     seed: int = typer.Option(7, help="Simulator seed."),
+    drill: bool = typer.Option(True, "--drill/--no-drill", help="The lifecycle drill: a model version promoted "
+                               "(the canary job starts its canary) and rolled back live, each change timed."),
 ) -> None:
     """Run an app on the local stack with its simulator and score it against the simulator's ground truth."""
     from streams.demo import run_demo
 
-    run_demo(_settings(), topology, duration, entities, seed)
+    run_demo(_settings(), topology, duration, entities, seed, drill=drill)
 
 
 def entry() -> None:
@@ -237,6 +239,58 @@ def verify(
         raise typer.BadParameter(f"steps {steps!r}: a comma-separated subset of 1,2,3,4", param_hint="--steps")
     checks = run_verify(topology, _settings(), load_seconds, kill, steps=chosen)
     raise typer.Exit(0 if all(c.ok for c in checks) else 1)
+
+
+@app.command()
+def chaos(
+    topology: Path = AppArg,
+    faults: str = typer.Option("short", help="`short` (each of ingest, features, inference, rules killed; Redis and "
+                                             "Triton frozen; the broker killed; the registry down at the rules' "
+                                             "start; oversize), `long` (also drift and canary killed, Redis and "
+                                             "Triton stopped, the registry down at inference's start; of those "
+                                             "processors, the ones the app has), or a "
+                                             "comma-separated list of kill:<processor>, kill:broker, freeze:redis, "
+                                             "freeze:triton, stop:redis, stop:triton, registry-at-start:<processor>, "
+                                             "oversize."),
+    rate: float = typer.Option(200.0, help="Events/s of the load (the app simulator's, every event valid)."),
+    fault_s: float = typer.Option(8.0, help="Seconds a freeze, a stop, the broker's or the registry's outage lasts."),
+    exactly_once: bool = typer.Option(False, "--exactly-once", help="Every processor with Kafka transactions."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Write the report as JSON here."),
+) -> None:
+    """A fault campaign against the running local stack under load; every event accounted for, recovery per fault.
+
+    It runs the app's processors under a fresh namespace (its own topics and consumer groups: the live app
+    is not touched) on the stack of `tangram up`, drives them with the app's simulator (every event valid),
+    and injects the faults one after the other: kill:<processor> (kill -9, restarted at once), freeze:redis
+    and freeze:triton (SIGSTOP of the serving processes for --fault-s), stop:redis and stop:triton (stopped
+    and started again), kill:broker (kill -9 of the Kafka broker, restarted after --fault-s),
+    registry-at-start:<processor> (the schema registry down while the processor restarts), oversize (a
+    record just under the producer's size limit and one over it). Recovery: from a fault's end until every
+    group committed past what its inputs held then.
+
+    At the end it reads every topic back and counts, by event id: sent (acknowledged), accepted, dead-lettered
+    (by stage and reason), duplicated, lost; the windows the accepted readings make and their predictions.
+    Exit status 0 only when something was sent, nothing was lost, no valid event was dead-lettered (no
+    duplicate either with --exactly-once) and every fault recovered within the timeout. The faults kill and
+    freeze processes of the local stack: never run it against a stack others use."""
+    from rich.console import Console
+
+    from streams.chaos import LONG, SHORT, Campaign, print_report
+
+    chosen = SHORT if faults == "short" else LONG if faults == "long" else tuple(
+        f.strip() for f in faults.split(",") if f.strip())
+    console = Console()
+    campaign = Campaign(topology, _settings(), faults=chosen, rate=rate, fault_s=fault_s,
+                        exactly_once=exactly_once, console=console)
+    try:
+        result = campaign.run()
+    finally:
+        campaign.close()
+    print_report(result, console)
+    if report is not None:
+        report.write_text(result.to_json())
+    recovered = all(f.recovery_s is not None for f in result.faults)
+    raise typer.Exit(0 if result.accounting.clean(exactly_once) and recovered else 1)
 
 
 replay_app = typer.Typer(help="Copy topic ranges into isolated namespaces for backtests.", no_args_is_help=True)

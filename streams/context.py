@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from streams.avro import AvroCodec, topic_codec
+from streams.avro import AvroCodec, RegistryFailure, registry_client, topic_codec
 from streams.errors import TopologyError
+from streams.resilience import Calls
 from streams.settings import StackSettings
 from streams.topology import ProcessorSpec, Topology
 
@@ -32,6 +34,12 @@ class BuildContext:
             raise TopologyError(f"processor {self.name!r} needs a `dlq:` topic: bad records must go somewhere")
         return self.spec.dlq
 
+    @cached_property
+    def calls(self) -> Calls:
+        """The processor's external calls as its ``calls:`` declare them (:mod:`streams.resilience`):
+        ``ctx.calls.guard("redis", failures)`` is the one guard of its Redis calls."""
+        return Calls(self.name, self.spec.calls)
+
     def settings(self, model: type[S]) -> S:
         """The processor's ``params`` validated by its settings model; errors name the processor and the field."""
         try:
@@ -45,5 +53,8 @@ class BuildContext:
         return self.topology.path(relative)
 
     def codec(self, topic: str) -> AvroCodec:
-        """The codec of an Avro topic, bound to the id `tangram apply` registered."""
+        """The codec of an Avro topic, bound to the id `tangram apply` registered.
+
+        Its registry calls go through the processor's registry guard (its ``calls:`` declaration)."""
+        registry_client(self.stack.registry_url).guard = self.calls.guard("registry", (RegistryFailure,))
         return topic_codec(self.topology, self.stack.registry_url, topic)

@@ -114,6 +114,9 @@ TRANSACTIONS_ABORTED = Counter(
 )
 PAUSED = Gauge("tangram_processor_paused", "1 while the processor's partitions are paused (backpressure).", ["processor"])
 
+#: A dead letter over the producer's size limit keeps this many bytes of the original (and its sha256).
+DLQ_KEPT_BYTES = 512 * 1024
+
 #: Header names carried by every record (DESIGN.md, "Contracts and wire format").
 H_EVENT_ID = "event_id"
 H_TRACE_ID = "trace_id"
@@ -217,6 +220,14 @@ class Processor(ABC):
     #: Runs as exactly one replica whatever its partitions (its decisions are global, e.g. a model's canary):
     #: deploy targets never scale it out.
     singleton: bool = False
+    #: Reading several topics, gets the same partition numbers of each (Kafka Streams' co-partitioning: the
+    #: ``range`` assignor), so that per-entity state sees every topic's records of its entities — the
+    #: producers key every topic by the entity. False lets the group balance each topic on its own.
+    copartitioned: bool = True
+    #: The services outside Kafka it calls (``triton``, ``redis``, ``registry``, ``http``): its topology
+    #: ``calls:`` may declare only these (``tangram plan`` refuses a declaration nothing would execute).
+    #: Every processor built from a topology reads the registry for its codecs.
+    services: frozenset[str] = frozenset({"registry"})
     #: Reads model artifacts (model cards, baselines, digests) from the stack's model repository
     #: (``TANGRAM_MODEL_REPOSITORY``): deploy targets give it the model server's repository.
     needs_models: bool = False
@@ -314,6 +325,15 @@ class RunnerConfig:
     #: Exactly-once: a transaction spans the batches of up to this long (Kafka Streams' commit interval
     #: under exactly-once); each transaction costs the coordinator's round trips once, not per batch.
     transaction_ms: int = 100
+    #: librdkafka's ``partition.assignment.strategy``; default: ``range`` for a processor reading several
+    #: topics co-partitioned (``Processor.copartitioned``), else ``cooperative-sticky`` (incremental rebalances).
+    assignment_strategy: str | None = None
+
+    def strategy(self, processor: "Processor") -> str:
+        """The assignment strategy of ``processor``'s consumer (see ``assignment_strategy``)."""
+        if self.assignment_strategy:
+            return self.assignment_strategy
+        return "range" if len(self.inputs) > 1 and processor.copartitioned else "cooperative-sticky"
 
 
 class Runner:
@@ -337,7 +357,8 @@ class Runner:
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "earliest",
                 "isolation.level": "read_committed",
-                "partition.assignment.strategy": "cooperative-sticky",
+                # range: partition i of every input to the same member (co-partitioned state); see RunnerConfig
+                "partition.assignment.strategy": config.strategy(processor),
                 "max.poll.interval.ms": config.max_poll_interval_ms,
                 "session.timeout.ms": config.session_timeout_ms,
                 **({"group.instance.id": config.group_instance_id} if config.group_instance_id else {}),
@@ -397,8 +418,8 @@ class Runner:
             self.producer.init_transactions(cfg.delivery_timeout_s)
         self.consumer.subscribe(list(cfg.inputs), on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
-        self.log.info("%s consuming %s as group %s (%s)", self.processor.name, ",".join(cfg.inputs), cfg.group_id,
-                      "exactly-once" if cfg.exactly_once else "at-least-once")
+        self.log.info("%s consuming %s as group %s (%s, %s assignment)", self.processor.name, ",".join(cfg.inputs),
+                      cfg.group_id, "exactly-once" if cfg.exactly_once else "at-least-once", cfg.strategy(self.processor))
         pipelined = self.processor.pipelined
         batches = 0
         try:
@@ -516,6 +537,64 @@ class Runner:
                              "records again): %s", err.str())
 
     # -- backpressure ------------------------------------------------------------------
+    def _flush_side_effects(self) -> None:
+        """``processor.flush`` (side effects outside Kafka), after the outputs' acks and before the commit.
+
+        A service it writes to being down (:class:`BackpressureError`, e.g. the online store's circuit
+        breaker open) does not block the loop: every partition is paused and the loop keeps polling
+        (the group never rebalances) while it backs off, asks ``ready()`` and tries the flush again. The
+        batch's outputs are acknowledged already; its offsets wait for the side effects, so nothing is
+        lost and nothing is read twice. In exactly-once mode the wait is bounded by the open
+        transaction's timeout: past 80 % of it the transaction is aborted and the processor stops
+        (:class:`DeliveryError`), and a restart rebuilds from the committed offsets.
+        """
+        try:
+            self.processor.flush()
+            return
+        except BackpressureError as exc:
+            reason: BackpressureError = exc
+        name, cfg = self.processor.name, self.config
+        BACKPRESSURE.labels(name).inc()
+        self.backpressure_events += 1
+        self.consumer.pause(self.consumer.assignment())
+        PAUSED.labels(name).set(1)
+        started = time.monotonic()
+        deadline = started + 0.8 * cfg.transaction_timeout_s if cfg.exactly_once else None
+        delay = cfg.backoff_initial_s
+        self.log.warning("%s: side effects not written, offsets held; paused, retrying in %.2fs: %s",
+                         name, delay, reason)
+        try:
+            while True:
+                until = time.monotonic() + delay
+                self._poll_paused(until if deadline is None else min(until, deadline), {})
+                if self._stop.is_set():
+                    raise DeliveryError(f"{name}: stopped while side effects were not written ({reason}); "
+                                        "offsets not committed, the batch is read again after a restart")
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeliveryError(f"{name}: side effects not written within the transaction's "
+                                        f"{cfg.transaction_timeout_s:g}s ({reason}); transaction aborted, "
+                                        "offsets not committed: the processor stops and a restart rebuilds")
+                if self.processor.ready():
+                    try:
+                        self.processor.flush()
+                        break
+                    except BackpressureError as exc:
+                        reason = exc
+                delay = min(delay * 2, cfg.backoff_max_s)
+                self.log.info("%s: side effects still not written after %.1fs paused; next try in %.2fs: %s",
+                              name, time.monotonic() - started, delay, reason)
+        except DeliveryError:
+            if cfg.exactly_once:
+                self.producer.abort_transaction()
+            raise
+        finally:
+            paused = time.monotonic() - started
+            self.paused_s += paused
+            PAUSED_SECONDS.labels(name).inc(paused)
+            PAUSED.labels(name).set(0)
+            self.consumer.resume(self.consumer.assignment())
+        self.log.info("%s: side effects written after %.2fs paused; resumed", name, time.monotonic() - started)
+
     def _put_back(self, records: list[Record], reason: BackpressureError) -> None:
         """Backpressure: the batch produced before is completed, ``records`` and every batch submitted
         after them are put back (their results, if any, are dropped: nothing of them was produced)."""
@@ -619,7 +698,25 @@ class Runner:
                 produce(out.topic, out.value, out.key, headers=out.headers or None)
             except (BufferError, TypeError):
                 self._produce(out)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise
+                self._produce(self._too_large(out, exc))
         return _Sent(outputs, offsets, records, started)
+
+    def _too_large(self, out: Output, exc: KafkaException) -> Output:
+        """An output over the producer's ``message.max.bytes``. A dead letter (a record near the broker's limit
+        plus the DLQ headers) keeps its first ``DLQ_KEPT_BYTES`` bytes, and says so in its headers; any other
+        output is the processor's bug: the loop stops (nothing committed) rather than drop it."""
+        if "dlq.reason" not in out.headers or out.value is None:
+            raise DeliveryError(f"{self.processor.name}: an output to {out.topic} of {len(out.value or b'')} bytes is "
+                                f"over the producer's message.max.bytes ({exc.args[0].str()}); offsets not committed")
+        digest = hashlib.sha256(out.value).hexdigest()
+        self.log.warning("%s: dead letter to %s of %d bytes is over the size limit: keeping its first %d bytes "
+                         "(sha256 of the whole: %s)", self.processor.name, out.topic, len(out.value), DLQ_KEPT_BYTES,
+                         digest)
+        headers = {**out.headers, "dlq.truncated_from_bytes": str(len(out.value)), "dlq.original_sha256": digest}
+        return Output(out.topic, out.key, out.value[:DLQ_KEPT_BYTES], headers)
 
     def _complete_pending(self) -> None:
         sent, self._pending = self._pending, None
@@ -650,9 +747,12 @@ class Runner:
                 self.producer.abort_transaction()
             detail = "; ".join(self._failures[:3]) or f"{remaining} not acknowledged in {self.config.delivery_timeout_s}s"
             raise DeliveryError(f"{self.processor.name}: outputs not delivered, offsets not committed: {detail}")
-        self.processor.flush()
-        # a later batch's position of a partition supersedes an earlier one's
-        offsets = list({(tp.topic, tp.partition): tp for sent in batches for tp in sent.offsets}.values())
+        self._flush_side_effects()
+        # a later batch's position of a partition supersedes an earlier one's; one revoked while the side
+        # effects waited is its new owner's now
+        owned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        offsets = list({(tp.topic, tp.partition): tp for sent in batches for tp in sent.offsets
+                        if (tp.topic, tp.partition) in owned}.values())
         if transactional:
             try:
                 if offsets:
@@ -724,6 +824,11 @@ class Runner:
                 return
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self.producer.poll(0.1)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE or "dlq.truncated_from_bytes" in out.headers:
+                    raise
+                out = self._too_large(out, exc)
+                headers = [(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in out.headers.items()]
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:

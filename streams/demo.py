@@ -25,6 +25,7 @@ from rich.table import Table
 
 from streams.avro import topic_codec
 from streams.launcher import Processors, high_watermarks, wait_quiet
+from streams.lifecycle.drill import LifecycleDrill
 from streams.plan import apply
 from streams.rules.spec import RulesSettings
 from streams.settings import StackSettings
@@ -45,6 +46,7 @@ class Summary:
     actions: list[dict]
     latencies_ms: list[float]  # event entering Kafka → action produced, for actions derived from an event
     scoreboard: Scoreboard = field(default_factory=Scoreboard)
+    drill: list[str] = field(default_factory=list)  # what the lifecycle drill measured, one line per step
 
     @property
     def actions_by_type(self) -> dict[str, int]:
@@ -116,12 +118,18 @@ class Watcher(threading.Thread):
 
 
 def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator, duration_s: float, *,
-                 console: Console | None = None) -> Summary:
-    """Run the app's processors and its simulator for ``duration_s``; return the scored summary."""
+                 console: Console | None = None, drill: bool = False) -> Summary:
+    """Run the app's processors and its simulator for ``duration_s``; return the scored summary.
+
+    ``drill``: the lifecycle drill (:mod:`streams.lifecycle.drill`) promotes and rolls back a model
+    version while the run goes on, each change timed to the first prediction it makes."""
     console = console or Console()
     topology = load_topology(topology_path)
     stack.logs_dir.mkdir(parents=True, exist_ok=True)
     apply(topology, stack)
+    lifecycle = LifecycleDrill(topology, stack, console) if drill else None
+    if lifecycle is not None:
+        lifecycle.prepare()
     probe = Consumer(stack.kafka.config({"group.id": "tangram-demo-probe"}))
     processors = Processors(topology_path, stack)
     watcher = None
@@ -133,6 +141,8 @@ def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator
         watched = {*action_topics(topology), *dlq_topics(topology)}
         watcher = Watcher(stack, topology, {tp: off for tp, off in before.items() if tp.topic in watched}, console)
         watcher.start()
+        if lifecycle is not None:
+            lifecycle.start()
         out = producer(stack)
         start_ms = int(time.time() * 1000)
         send_truth(stack, simulator, start_ms, out)
@@ -140,6 +150,8 @@ def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator
         sent, t0, last_report = 0, time.monotonic(), time.monotonic()
         for events in run_ticks(simulator, out, duration_s, start_ms):
             sent += len(events)
+            if lifecycle is not None and lifecycle.active:
+                lifecycle.tick((time.monotonic() - t0) / duration_s)
             if time.monotonic() - last_report >= 5:
                 last_report = time.monotonic()
                 elapsed = last_report - t0
@@ -164,8 +176,11 @@ def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator
             actions=watcher.actions,
             latencies_ms=watcher.latencies_ms,
             scoreboard=simulator.score(observed),
+            drill=lifecycle.summary() if lifecycle is not None else [],
         )
     finally:
+        if lifecycle is not None:
+            lifecycle.stop()
         if watcher is not None and watcher.is_alive():
             watcher.stop()
         processors.stop()
@@ -193,17 +208,20 @@ def print_summary(topology: Topology, summary: Summary, console: Console) -> Non
         console.print(note)
     console.print(f"event-to-action latency: p50 {summary.latency_ms(50):.0f} ms, p99 {summary.latency_ms(99):.0f} ms "
                   f"over {len(summary.latencies_ms)} actions (event produced → action produced)")
+    for line in summary.drill:
+        console.print(line)
 
 
-def run_demo(stack: StackSettings, topology_path: Path, duration_s: float, entities: int, seed: int) -> Summary:
+def run_demo(stack: StackSettings, topology_path: Path, duration_s: float, entities: int, seed: int,
+             drill: bool = True) -> Summary:
     console = Console()
     topology = load_topology(topology_path)
     simulator = build_simulator(topology, entities=entities, seed=seed)
-    summary = run_pipeline(stack, topology_path, simulator, duration_s, console=console)
+    summary = run_pipeline(stack, topology_path, simulator, duration_s, console=console, drill=drill)
     print_summary(topology, summary, console)
     (stack.home / f"last_demo_{topology.app}.json").write_text(json.dumps({
         "events_sent": summary.events_sent, "counts": summary.counts, "dlq": summary.dlq_reasons,
         "actions": summary.actions_by_type, "figures": summary.scoreboard.figures,
-        "latency_ms": {"p50": summary.latency_ms(50), "p99": summary.latency_ms(99)},
+        "latency_ms": {"p50": summary.latency_ms(50), "p99": summary.latency_ms(99)}, "drill": summary.drill,
     }, indent=2, default=str))
     return summary

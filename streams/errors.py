@@ -40,6 +40,15 @@ class BackpressureError(TangramError):
     """
 
 
+class ServiceUnavailableError(BackpressureError):
+    """A service a processor calls (Triton, Redis, the schema registry, a webhook) failed every try, or its
+    circuit breaker is open (:mod:`streams.resilience`): the batch is put back and retried once it answers."""
+
+    def __init__(self, message: str, service: str = ""):
+        super().__init__(message)
+        self.service = service
+
+
 class StateLogError(TangramError):
     """A compacted state topic (``_tangram.models``, ``_tangram.config``) cannot be read or written."""
 

@@ -251,6 +251,10 @@ class Validator:
     def validate(self, key: bytes | None, value: bytes | None, now_ms: int) -> dict:
         """A JSON reading (bytes) checked against the contract."""
         key_text = self._sized_key(key, value)
+        if len(value) >= HEADER.size and value[0] == MAGIC_BYTE:  # no JSON text starts with a NUL byte
+            _, schema_id = HEADER.unpack_from(value)
+            raise Rejected("avro_on_json_topic", f"value is Confluent-framed Avro (magic byte 0, schema id {schema_id}) "
+                                                 "on a topic declared JSON: its producer writes the wrong format")
         try:
             value.decode("utf-8")  # a precise reason for bad bytes; orjson would only say "not JSON"
         except UnicodeDecodeError as exc:
@@ -645,6 +649,7 @@ class IngestValidator(Processor):
             clean = self.validator.admit_clean([r.key for r in batch], [r.value for r in batch], now_ms)
             if clean is not None:
                 return self._outputs(batch, clean)
+        self._writer_schemas(batch)
         outputs: list[Output] = []
         for record in batch:
             now_ms = record.timestamp_ms if by_record else wall_ms
@@ -660,6 +665,24 @@ class IngestValidator(Processor):
             outputs.append(Output(self.output_topic, reading[self.validator.settings.entity_field],
                                   self.codec.encode(reading), headers))
         return outputs
+
+    def _writer_schemas(self, batch: list[Record]) -> None:
+        """Fetch the writer schemas of the batch's Avro records before any reading is admitted (admitting
+        remembers ids for dedup): a registry that does not answer puts the whole batch back (backpressure),
+        never half of it. An id the registry does not know is left for ``admit`` to reject."""
+        wanted: dict[int, AvroCodec] = {}
+        for record in batch:
+            codec = self.input_codecs.get(record.topic)
+            value = record.value
+            if codec is not None and value is not None and len(value) >= HEADER.size and value[0] == MAGIC_BYTE:
+                schema_id = HEADER.unpack_from(value)[1]
+                if schema_id != codec.schema_id:
+                    wanted.setdefault(schema_id, codec)
+        for schema_id, codec in wanted.items():
+            try:
+                codec.registry.parsed(schema_id)
+            except WireFormatError:
+                pass  # unknown to the registry: that record is rejected with the reason
 
     def _outputs(self, batch: list[Record], columns: dict[str, list]) -> list[Output]:
         """The outputs of a batch the validator accepted whole: encoded as one batch, same headers as one by one."""

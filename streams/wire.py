@@ -97,13 +97,15 @@ class Codec:
         schema_id = schema_id_of(data)
         buf = io.BytesIO(data)
         buf.seek(HEADER.size)
+        writer = None
+        if schema_id != self.schema_id:
+            writer = self._writers.get(schema_id)
+            if writer is None:  # outside the try: a registry that does not answer is not the record's fault
+                writer = self._writers[schema_id] = self._writer(schema_id)
         try:
-            if schema_id == self.schema_id:
+            if writer is None:
                 record = fastavro.schemaless_reader(buf, self.schema, None)
             else:
-                writer = self._writers.get(schema_id)
-                if writer is None:
-                    writer = self._writers[schema_id] = self._writer(schema_id)
                 record = fastavro.schemaless_reader(buf, writer, self.schema)
         except WireFormatError:
             raise

@@ -44,6 +44,7 @@ from streams.features.progress import REREAD, Progress
 from streams.features.shadow import ShadowComparator
 from streams.features.shadow import encode as encode_difference
 from streams.features.spec import FeatureSet, load_feature_set
+from streams.resilience import REDIS_FAILURES, Guard
 from streams.topology import Topology
 
 log = logging.getLogger("tangram.features")
@@ -58,7 +59,6 @@ class WindowFeaturesSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     feature_set: str = Field(description="The feature-set declaration (YAML), relative to the app folder.")
-    redis_retry_s: float = Field(300.0, gt=0, description="How long online-store writes are retried while Redis is down.")
     shadow_feature_set: str | None = Field(None, description="A new version of the feature set, computed beside the live "
                                                              "one and compared with it; never served.")
     shadow_topic: str | None = Field(None, description="Where differing shadow rows are sampled (JSON); an output.")
@@ -82,12 +82,13 @@ class WindowFeatures(Processor):
     """Telemetry (Avro) → one output row (Avro) per entity and window, and the Redis online store."""
 
     name = "features"
+    services = frozenset({"redis", "registry"})  # the online store, the codecs
 
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, source_topic: str, output_topic: str,
                  dlq_topic: str,
                  redis_url: str, settings: WindowFeaturesSettings, feature_set: FeatureSet,
                  shadow_feature_set: FeatureSet | None = None, shadow_topic: str | None = None,
-                 project: str = "tangram"):
+                 project: str = "tangram", redis_guard: Guard | None = None):
         self.input_codec = input_codec
         self.output_codec = output_codec
         self.output_topic = output_topic
@@ -95,7 +96,7 @@ class WindowFeatures(Processor):
         self.settings = settings
         self.fs = feature_set
         self.layout = FeastLayout.of(self.fs, project)
-        self.store = OnlineWriter(redis_url, self.layout, retry_s=settings.redis_retry_s)
+        self.store = OnlineWriter(redis_url, self.layout, guard=redis_guard)  # Redis down: backpressure
         self.windows = BatchWindows(self.fs, offset=lambda r: r.offset)
         self.progress = Progress(self.store, source_topic, self.name)
         self._heard: dict[int, float] = {}  # partition → when a batch last brought a reading of it (monotonic)
@@ -123,11 +124,15 @@ class WindowFeatures(Processor):
                    dlq_topic=ctx.dlq, redis_url=ctx.stack.redis_url, settings=settings,
                    feature_set=load_feature_set(ctx.topology.path(settings.feature_set)),
                    shadow_feature_set=load_feature_set(ctx.topology.path(shadow)) if shadow else None,
-                   shadow_topic=settings.shadow_topic, project=ctx.topology.app)
+                   shadow_topic=settings.shadow_topic, project=ctx.topology.app,
+                   redis_guard=ctx.calls.guard("redis", REDIS_FAILURES))
 
     def setup(self) -> None:
         self.progress.processor = self.name  # the name the topology gave this processor (set after __init__)
         self.store.setup()
+
+    def ready(self) -> bool:
+        return self.store.ready()
 
     def process(self, batch: list[Record]) -> list[Output]:
         outputs: list[Output] = []

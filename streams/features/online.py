@@ -5,9 +5,11 @@ Every engine writes the newest row of each entity straight into Feast's Redis la
 ``feast.types.Value`` values, ``_ts:<view>``, the key TTL), so Feast's own
 ``get_online_features`` serves what the engines wrote, and the lookups here read the same
 bytes. Writes keep Feast's rule: a row whose ``window_end`` is not newer than the stored one
-is skipped, so a replayed window leaves the same state. When Redis is down the writer waits
-and retries (bounded by ``retry_s``) instead of losing the rows: the delivery loop does not
-commit offsets until ``flush`` returned.
+is skipped, so a replayed window leaves the same state. A writer given a ``guard`` (the
+processor's Redis calls in :mod:`streams.resilience`: deadline, retries, circuit breaker) raises
+:class:`~streams.errors.ServiceUnavailableError` when Redis is down, and the delivery loop pauses
+and tries ``flush`` again: it does not commit offsets until ``flush`` returned. Without one (the
+Faust job's own loop) the writer waits and retries, bounded by ``retry_s``.
 
 Reads:
 
@@ -32,15 +34,15 @@ from typing import TypeVar
 import redis
 import redis.asyncio
 
-from streams.errors import DeliveryError
+from streams.errors import DeliveryError, ServiceUnavailableError
 from streams.features.layout import (
     HMGET_MANY,
     HMGET_MANY_SHA,
     HSET_NEWER,
     HSET_NEWER_SHA,
     FeastLayout,
-    decode_value,
 )
+from streams.resilience import Guard
 
 log = logging.getLogger("tangram.features.online")
 
@@ -50,9 +52,12 @@ T = TypeVar("T")
 class OnlineWriter:
     """Stages output rows and writes them to Feast's Redis layout on ``flush``, retrying while Redis is unreachable."""
 
-    def __init__(self, redis_url: str, layout: FeastLayout, *, retry_s: float = 300.0, timeout_s: float = 5.0):
+    def __init__(self, redis_url: str, layout: FeastLayout, *, retry_s: float = 300.0, timeout_s: float = 5.0,
+                 guard: Guard | None = None):
         self.layout = layout
         self.retry_s = retry_s
+        self.guard = guard
+        timeout_s = guard.timeout_s if guard is not None else timeout_s
         self.redis = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._pending: dict[str, dict] = {}  # entity → newest row not yet written
         self.retries = 0
@@ -60,7 +65,14 @@ class OnlineWriter:
         self.skipped = 0  # rows not newer than the stored one (Feast's rule)
 
     def setup(self) -> None:
-        self._retrying("ping", self.redis.ping)
+        try:
+            self._retrying("ping", self.redis.ping)
+        except ServiceUnavailableError as exc:  # the first batch waits for it (backpressure), nothing is lost
+            log.warning("online store not reachable at start: %s", exc)
+
+    def ready(self) -> bool:
+        """Whether Redis answers (through the guard's breaker: no call while it is open)."""
+        return self.guard.probe(self.redis.ping) if self.guard is not None else True
 
     def stage(self, row: dict) -> None:
         entity = row[self.layout.join_key]
@@ -107,6 +119,12 @@ class OnlineWriter:
         return self._retrying("read", lambda: self.redis.hmget(key, fields))
 
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        if self.guard is not None:
+            try:
+                return self.guard.call(call)
+            except ServiceUnavailableError:
+                self.retries += 1
+                raise
         deadline = time.monotonic() + self.retry_s
         delay = 0.1
         while True:

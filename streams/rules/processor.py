@@ -24,6 +24,14 @@ Live config (``ConfigSubscriber``): ``business-rule/<rule_set>`` replaces the to
 and ``feature-switch/degradation.level`` is the manual level; both apply at the next micro-batch
 (the processor polls every ``max_wait_ms``), without a restart. A whole batch is decided by one
 rule-set version.
+
+Failures: the online-feature reads go through the processor's Redis guard (:mod:`streams.resilience`:
+the declared deadline, retries, circuit breaker). They are made for the whole batch before any state
+changes, so when Redis is down the batch is put back whole (backpressure: partitions paused, polling
+on, nothing lost) and decided once Redis answers. A rule that cannot be evaluated on a record (a
+mistyped input) sends that record to the DLQ with reason ``rule_unevaluable`` — ``rule_missing_input``
+when an input it reads has no value (e.g. no online features for the entity yet) — naming the rule and
+why; the record's other rules still decide.
 """
 
 from __future__ import annotations
@@ -44,12 +52,13 @@ from streams.avro import AvroCodec
 from streams.wire import WireFormatError
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
-from streams.errors import TangramError, TopologyError
+from streams.errors import ServiceUnavailableError, TangramError, TopologyError
 from streams.features.layout import FeastLayout
 from streams.features import online_layout, read_online_features
 from streams.rules.degradation import GoldenSignals, LevelController
 from streams.rules.engine import CompiledRule, RuleBook, action_id
 from streams.rules.fusion import Fused, Fusion
+from streams.resilience import REDIS_FAILURES, Guard
 from streams.rules.spec import Level, RuleSpec, RuleSetValue, RulesSettings
 from streams.security.kafka import KafkaConnection
 
@@ -76,10 +85,12 @@ class RuleProcessor(Processor):
     """Predictions (+ feature windows) → ``Action`` records on the action topics."""
 
     name = "rules"
+    services = frozenset({"redis", "registry"})
 
     def __init__(self, *, input_codecs: dict[str, AvroCodec], output_codecs: dict[str, AvroCodec], dlq_topic: str,
                  redis_url: str, settings: RulesSettings, app: str, processor: str = "rules",
-                 kafka: KafkaConnection | None = None, online: FeastLayout | None = None):
+                 kafka: KafkaConnection | None = None, online: FeastLayout | None = None,
+                 redis_guard: Guard | None = None):
         self.name = processor
         self.input_codecs = input_codecs
         self.prediction_topics = {t for t, c in input_codecs.items() if _has_field(c, "model_name")}
@@ -106,7 +117,9 @@ class RuleProcessor(Processor):
                         for t, c in output_codecs.items()}
         spec = settings.degradation
         self.rule_set_key = settings.rule_set or f"{app}.{processor}"
-        self.redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+        self.redis_guard = redis_guard
+        timeout_s = redis_guard.timeout_s if redis_guard is not None else 5.0
+        self.redis = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         # the features processor's rows in Feast's Redis layout (its feature set, its Feast project); None: no reads
         self.features_layout = online
         self.signals = GoldenSignals(spec)
@@ -121,6 +134,7 @@ class RuleProcessor(Processor):
         self._next_manual: Level | None = None
         self.config = None
         self._rule_value: Any = None  # the config center's value of the rule set now in effect
+        self._online: dict[str, dict] = {}  # entity → online features, read for the batch being decided
         RULE_SET_VERSION.labels(processor).set(0)
 
     @classmethod
@@ -131,11 +145,15 @@ class RuleProcessor(Processor):
                    output_codecs={t: ctx.codec(t) for t in ctx.spec.outputs}, dlq_topic=ctx.dlq,
                    redis_url=ctx.stack.redis_url, settings=settings,
                    app=ctx.topology.app, processor=ctx.name, kafka=ctx.stack.kafka,
-                   online=online)
+                   online=online, redis_guard=ctx.calls.guard("redis", REDIS_FAILURES))
 
     # -- lifecycle ---------------------------------------------------------------------
     def setup(self) -> None:
-        self.redis.ping()
+        if self.features_layout is not None:
+            try:
+                self._redis(self.redis.ping)
+            except ServiceUnavailableError as exc:  # the first batch that needs it waits for it (backpressure)
+                log.warning("%s: online store not reachable at start: %s", self.name, exc)
         if self.settings.live_config and self.kafka:
             from streams.config_center import ConfigSubscriber
             from streams.statelog import StateTopic
@@ -149,6 +167,16 @@ class RuleProcessor(Processor):
             self._refresh()
         log.info("%s: rule set %s (%d rules), level %s", self.name, self.book.source, len(self.book.rules),
                  self.levels.level)
+
+    def ready(self) -> bool:
+        """After a backpressure: whether Redis answers (no call while its breaker is open)."""
+        if self.features_layout is None or self.redis_guard is None:
+            return True
+        return self.redis_guard.probe(self.redis.ping)
+
+    def _redis(self, call, *args):
+        """One Redis call through the processor's guard (deadline, retries, breaker)."""
+        return self.redis_guard.call(call, *args) if self.redis_guard is not None else call(*args)
 
     def close(self) -> None:
         if self.config is not None:
@@ -220,12 +248,13 @@ class RuleProcessor(Processor):
             except (WireFormatError, ValueError, EOFError, KeyError, TypeError) as exc:
                 outputs.append(dead_letter(record, self.dlq_topic, self.name, exc, "undecodable"))
                 continue
-            if record.topic in self.prediction_topics:
-                predictions.append((record, value))
-                self.signals.prediction(value[self.entity], value[self.time], value.get("inference_ms", 0.0))
-            else:
-                windows.append((record, value))
-                self.signals.window(value[self.entity], value[self.time])
+            (predictions if record.topic in self.prediction_topics else windows).append((record, value))
+        # Redis first, before any state changes: when it is down the batch is put back whole (backpressure)
+        self._online = self._read_online([p for _, p in predictions] + self._fusion_pending())
+        for _, value in predictions:
+            self.signals.prediction(value[self.entity], value[self.time], value.get("inference_ms", 0.0))
+        for _, value in windows:
+            self.signals.window(value[self.entity], value[self.time])
         level = self.levels.update(self.signals.values())
         if level in ("L0", "L1"):
             outputs += self._decide_predictions(predictions, level)
@@ -234,11 +263,38 @@ class RuleProcessor(Processor):
                 SKIPPED.labels(self.name, "level").inc(len(predictions))
             outputs += self._decide_windows(windows, level)
         outputs += self._expire(level)
+        self._online = {}
         return outputs
 
     def idle(self) -> list[Output]:
         self._refresh()
-        return self._expire(self.levels.update(self.signals.values()))
+        try:
+            self._online = self._read_online(self._fusion_pending())
+        except ServiceUnavailableError as exc:  # the groups wait for Redis, nothing of them is decided without it
+            log.warning("%s: fused groups not expired while the online store is unavailable: %s", self.name, exc)
+            return []
+        try:
+            return self._expire(self.levels.update(self.signals.values()))
+        finally:
+            self._online = {}
+
+    def _fusion_pending(self) -> list[dict]:
+        """The predictions waiting in fusion groups (decided from the online features when they expire)."""
+        if self.fusion is None:
+            return []
+        return [{self.entity: entity} for entity, _ in self.fusion.groups]
+
+    def _read_online(self, values: list[dict]) -> dict[str, dict]:
+        """The online features of the entities of ``values`` (one read), when some rule may read them."""
+        if not values:
+            return {}
+        # the fields the rules of the levels that decide with the online features read (L0, L1), narrowed
+        reads = self._online_reads(tuple(dict.fromkeys((*self.book.at("L0"), *self.book.at("L1")))))
+        if reads is None:
+            return {}
+        entities = list(dict.fromkeys(v[self.entity] for v in values))
+        rows = self._redis(read_online_features, self.redis, entities, reads)
+        return dict(zip(entities, rows))
 
     def _expire(self, level: Level) -> list[Output]:
         if self.fusion is None or not self.fusion.groups:
@@ -297,11 +353,12 @@ class RuleProcessor(Processor):
             return []
         rules = self.book.at(level)
         online: list[dict] = [{}] * len(items)
-        reads = self._online_reads(rules) if with_online else None
-        if reads is not None:
-            entities = list(dict.fromkeys(v[self.entity] for _, v, _ in items))  # one read per entity and batch
-            by_entity = dict(zip(entities, read_online_features(self.redis, entities, reads)))
-            online = [by_entity[v[self.entity]] for _, v, _ in items]
+        if with_online and self._online_reads(rules) is not None:
+            by_entity = self._online  # read for the batch before anything changed (see ``process``)
+            unread = list(dict.fromkeys(v[self.entity] for _, v, _ in items if v[self.entity] not in by_entity))
+            if unread:  # not expected: every entity decided here was read first
+                by_entity = {**by_entity, **self._read_online([{self.entity: e} for e in unread])}
+            online = [by_entity.get(v[self.entity], {}) for _, v, _ in items]
         outputs = []
         # every symbol a rule reads is present (null when unknown): rule-engine's slow path for an
         # unknown symbol computes spelling suggestions before it falls back to null
@@ -309,11 +366,17 @@ class RuleProcessor(Processor):
         for (record, value, missing), features in zip(items, online):
             context = {**blank, **features, **value}
             fired_types: set[str] = set()
+            failed: list[str] = []
+            missing_input = False
             for rule in rules:
                 try:
                     matched = rule.matches(context)
-                except rule_engine.EngineError:
+                except rule_engine.EngineError as exc:
                     _child(UNEVALUABLE, self.name, rule.spec.name).inc()
+                    unknown = [s for s in rule.symbols if context.get(s) is None]
+                    missing_input = missing_input or bool(unknown)
+                    failed.append(f"rule {rule.spec.name!r} ({rule.spec.when}): {exc.message}"
+                                  + (f"; no value for {', '.join(unknown)}" if unknown else ""))
                     continue
                 if not matched:
                     continue
@@ -323,6 +386,11 @@ class RuleProcessor(Processor):
                 fired_types.add(rule.spec.action)
                 if (out := self._fire(rule, record, value, context, level, missing)) is not None:
                     outputs.append(out)
+            if failed:
+                log.warning("%s: %s: %d rule(s) could not be evaluated, to the DLQ: %s", self.name, record.where,
+                            len(failed), "; ".join(failed))
+                reason = "rule_missing_input" if missing_input else "rule_unevaluable"
+                outputs.append(dead_letter(record, self.dlq_topic, self.name, "; ".join(failed), reason))
         return outputs
 
     def _online_reads(self, rules: tuple[CompiledRule, ...]) -> FeastLayout | None:

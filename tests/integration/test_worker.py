@@ -83,13 +83,23 @@ def served_versions() -> set[str]:
 
 
 def worker_topology(tmp_path: Path, stack: StackSettings, *, exactly_once: bool = False, batch_size: int = 64,
-                    params: dict | None = None, shadow: bool = False) -> tuple[Topology, Path, str]:
-    """An isolated copy of the reference topology with the inference processor adjusted."""
+                    params: dict | None = None, shadow: bool = False,
+                    triton_timeout_ms: int | None = None) -> tuple[Topology, Path, str]:
+    """An isolated copy of the reference topology with the inference processor adjusted.
+
+    ``triton_timeout_ms``: the deadline of one Triton call, set in the processor's ``calls:`` declaration
+    (where the deadline is declared; ``tangram plan`` refuses a ``params.timeout_s`` that disagrees with it)."""
     path, prefix = isolated_topology(tmp_path)
     raw = yaml.safe_load(path.read_text())
     inference = raw["processors"]["inference"]
     inference.update(exactly_once=exactly_once, batch_size=batch_size, max_wait_ms=20)
+    # the registry and config center it follows are its own (empty, created at its start): what other tests of the
+    # session register or set in the shared ones must not reroute it
+    inference["params"].update(registry_topic=f"_tangram.models.{prefix}", config_topic=f"_tangram.config.{prefix}")
     inference["params"].update(params or {})
+    if triton_timeout_ms is not None:
+        (triton,) = [call for call in inference["calls"] if call["service"] == "triton"]
+        triton["timeout_ms"] = triton_timeout_ms
     if shadow:
         shadow_topic = f"{prefix}.predictions.anomaly_shadow"
         raw["topics"][shadow_topic] = {"schema": "pm.predictions.anomaly-value"}
@@ -250,7 +260,7 @@ def test_kill_9_mid_batch_loses_nothing(stack, triton, tmp_path, exactly_once):
 
 
 def test_triton_stopped_then_restarted_loses_nothing_and_never_rebalances(stack, triton, tmp_path):
-    topology, _, prefix = worker_topology(tmp_path, stack, params={"timeout_s": 1.0})
+    topology, _, prefix = worker_topology(tmp_path, stack, triton_timeout_ms=1000)
     source, out = f"{prefix}.features.device_window", f"{prefix}.predictions.anomaly"
     # max.poll.interval.ms 8 s: a worker that stopped polling for the outage would leave the group.
     runner, thread = in_thread_runner(topology, stack, session_timeout_ms=6000, max_poll_interval_ms=8000,
@@ -279,7 +289,7 @@ def test_triton_stopped_then_restarted_loses_nothing_and_never_rebalances(stack,
 
 
 def test_a_hanging_triton_hits_the_deadline_and_the_batch_is_retried(stack, triton, tmp_path):
-    topology, _, prefix = worker_topology(tmp_path, stack, params={"timeout_s": 0.5})
+    topology, _, prefix = worker_topology(tmp_path, stack, triton_timeout_ms=500)
     source, out = f"{prefix}.features.device_window", f"{prefix}.predictions.anomaly"
     runner, thread = in_thread_runner(topology, stack, session_timeout_ms=6000, max_poll_interval_ms=8000,
                                       backoff_max_s=1.0)
@@ -342,8 +352,10 @@ def test_canary_then_version_switches_under_load_lose_nothing_and_unload_the_old
 
 def test_a_replica_calling_a_version_another_replica_unloaded_backs_off_and_loses_nothing(stack, triton, tmp_path):
     """Two replicas switch at different times: A switches to 2 and unloads 1 while B still routes to 1.
-    B's call is "unavailable" → backpressure (nothing produced); ready() has Triton load 1 again; B's
-    batch is then scored by 1. When B switches too, 1 is unloaded for good."""
+    B's call is "unavailable" → backpressure (nothing produced), its error naming the version; its tries
+    open B's Triton breaker, so ready() answers False without a call until the declared reset_s, then (as
+    the delivery loop keeps asking) has Triton load 1 again; B's batch is then scored by 1. When B switches
+    too, 1 is unloaded for good."""
     files = {name: tmp_path / f"routing-{name}.json" for name in ("a", "b")}
     for path in files.values():
         path.write_text(json.dumps({"production": "1"}))
@@ -371,7 +383,12 @@ def test_a_replica_calling_a_version_another_replica_unloaded_backs_off_and_lose
         assert served_versions() == {"2"}
         with pytest.raises(BackpressureError, match="version 1"):
             b.process(batch)  # B has not switched: its call to 1 is refused as "unavailable"
-        assert b.ready()  # Triton loads 1 again for B
+        breaker = b.triton_guard.call_spec.circuit_breaker
+        deadline = time.monotonic() + breaker.reset_s + 15.0
+        while not b.ready():  # the delivery loop's wait: False while the breaker is open, then the trial
+            assert time.monotonic() < deadline, f"B not ready {breaker.reset_s + 15.0:g}s after its breaker opened"
+            time.sleep(0.5)
+        # Triton loaded 1 again for B
         assert served_versions() == {"1", "2"}
         assert versions(b.process(batch)) == {"anomaly:1"}
         files["b"].write_text(json.dumps({"production": "2"}))

@@ -50,7 +50,7 @@ SCHEMA_ID, OLD_ID = 7, 6
 OLD_SCHEMA = {**SCHEMA, "fields": [f for f in SCHEMA["fields"] if f["name"] != SCHEMA["fields"][-1]["name"]]}
 REASONS = {"bad_avro", "bad_json", "bad_key", "bad_magic", "empty", "future_timestamp", "key_mismatch",
            "out_of_order", "out_of_range", "oversize", "rate_limited", "schema", "too_old", "truncated",
-           "unknown_schema", "not_utf8"}
+           "unknown_schema", "not_utf8", "avro_on_json_topic"}
 
 
 class FakeRegistry:

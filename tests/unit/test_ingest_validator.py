@@ -35,6 +35,9 @@ def test_valid_reading_fills_missing_optional_sensors(validator):
         (b"dev-1", b"x" * 600, "oversize", "600 bytes"),
         (b"\xff\xfe", reading(), "bad_key", "UTF-8"),
         (b"dev-1", b"\xff" + reading(), "not_utf8", "UTF-8"),
+        # Confluent-framed Avro (magic 0, schema id 7, an Avro string) where JSON is declared: says what it is
+        (b"dev-1", b"\x00\x00\x00\x00\x07\x0adev-1", "avro_on_json_topic", "schema id 7"),
+        (b"dev-1", b"\x00\x00\x00\x00\x07\xc3\x28", "avro_on_json_topic", "declared JSON"),
         (b"dev-1", reading()[:-5], "bad_json", "not JSON"),
         (b"dev-1", b"[1, 2]", "bad_json", "list"),
         (b"dev-1", reading(temperature="hot"), "schema", "temperature"),

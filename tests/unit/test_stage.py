@@ -222,10 +222,12 @@ def test_the_webhook_sink_commits_on_2xx_retries_on_5xx_and_dead_letters_on_4xx(
     try:
         sink = build(WebhookSink, {**ALERTS, "params": {"url": f"http://127.0.0.1:{server.server_port}/hook"}})
         sink.setup()
-        _Hook.answers[:] = [200, 503, 422]
+        # a 503 is tried again (its guard: the default two retries with jittered backoff), then backpressure
+        _Hook.answers[:] = [200, 503, 200, 503, 503, 503, 422]
         assert sink.process(alerts("s1", "s2")) == []
+        assert sink.process(alerts("s3")) == []  # the second try was answered
         with pytest.raises(BackpressureError, match="503"):
-            sink.process(alerts("s3"))
+            sink.process(alerts("s3b"))
         dead = sink.process(alerts("s4", "s5"))
         assert [o.headers["dlq.reason"] for o in dead] == ["webhook_error", "webhook_error"]
         assert "422" in dead[0].headers["dlq.error_message"]

@@ -116,3 +116,16 @@ def test_the_previous_production_stays_loaded_so_a_rollback_is_a_routing_switch(
     worker._registry_routing = Routing(model="anomaly", production=ref["2"])  # rollback to 2
     assert version_of(worker, batch) == "2"
     assert worker.repository.calls[0] == ("serve", "anomaly", ["2"])  # already loaded: FakeRepository loads nothing
+
+
+def test_a_routing_over_models_per_server_is_refused_and_the_routing_stays(tmp_path) -> None:
+    path = tmp_path / "routing.json"
+    path.write_text(json.dumps({"production": "1"}))
+    worker, fakes = make_worker(routing_file=str(path))
+    worker.models_per_server = 1  # the topology's state.models_per_server
+    batch = records(worker, [window("dev-1", 0)])
+    assert version_of(worker, batch) == "1"
+    path.write_text(json.dumps({"production": "1", "challenger": "2", "mode": "canary", "canary_share": 0.5}) + " ")
+    worker.process(batch)
+    assert worker.routing.plan.challenger is None  # two versions side by side would exceed 1
+    assert [c[0] for c in worker.repository.calls] == ["serve"]  # nothing loaded for it

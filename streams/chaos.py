@@ -1,0 +1,536 @@
+"""``tangram chaos APP``: a fault campaign against the running topology under load, with every event accounted for.
+
+The campaign runs the app's processors (a namespaced copy of its topology: fresh topics and consumer
+groups, nothing of the live app touched) on the local stack, drives them with the app's simulator at a
+steady rate (``Simulator.load``: every event valid, so every dead letter is a finding), and injects the
+faults one after the other:
+
+- ``kill:<processor>``: ``kill -9`` of the processor's process group, restarted at once;
+- ``freeze:redis`` / ``freeze:triton``: SIGSTOP for ``fault_s``, then SIGCONT. Triton's is the real
+  ``tritonserver`` process and its backend stubs (PyTriton's wrapper process serves nothing);
+- ``stop:redis`` / ``stop:triton``: the server stopped for ``fault_s``, then started again;
+- ``kill:broker``: ``kill -9`` of the Kafka broker, restarted after ``fault_s``;
+- ``registry-at-start:<processor>``: the schema registry stopped, the processor killed and restarted
+  while it is down, the registry started ``fault_s`` later (the processor must start then);
+- ``oversize``: one record just under the producer's size limit (its dead letter, with the DLQ
+  headers, is over it) and one over it (the broker refuses it: never sent, counted apart).
+
+After each fault the campaign waits until the pipeline caught up: every processor's group committed
+past what its inputs held when the fault ended. That wait is the fault's **recovery time** (the
+features processor's commits trail its open windows by design: one window and its lateness).
+
+At the end it accounts for every event by id: sent (acknowledged by the broker — the accounting
+refuses to pass on nothing sent, or on fewer acknowledged than produced), accepted by the first stage,
+dead-lettered (with the stage and reason), duplicated, lost; then the windows the feature stage must
+have emitted from the accepted readings (each complete: its reading count), and one prediction per
+window. Exactly-once mode (``--exactly-once``) runs every processor with Kafka transactions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from rich.console import Console
+from rich.table import Table
+
+from streams.avro import topic_codec
+from streams.errors import StackError, TopologyError
+from streams.features.spec import load_feature_set
+from streams.launcher import Processors, high_watermarks, wait_quiet
+from streams.namespace import namespaced
+from streams.plan import apply
+from streams.settings import StackSettings
+from streams.simulation import build_simulator
+from streams.stack import components
+from streams.stack.process import ManagedProcess
+from streams.testing import expected_windows
+from streams.topology import Kind, Topology, load_topology
+
+#: The campaign of ``make test`` (a few minutes) and the long one of docs/guarantees.md.
+SHORT = ("kill:ingest", "kill:features", "kill:inference", "kill:rules", "freeze:redis", "freeze:triton",
+         "kill:broker", "registry-at-start:rules", "oversize")
+LONG = ("kill:ingest", "kill:features", "kill:inference", "kill:rules", "kill:drift", "kill:canary",
+        "freeze:redis", "stop:redis", "freeze:triton", "stop:triton", "kill:broker", "registry-at-start:rules",
+        "registry-at-start:inference", "oversize")
+
+
+@dataclass
+class FaultResult:
+    fault: str
+    started_s: float  # seconds since the load started
+    lasted_s: float  # from the fault's start to its end (restart, resume)
+    recovery_s: float | None  # from the fault's end until every group caught up (None: not within the timeout)
+    note: str = ""
+
+
+@dataclass
+class Accounting:
+    sent: int = 0  # acknowledged by the broker
+    produced: int = 0  # handed to the producer
+    refused_by_broker: int = 0  # over the size limit: never in Kafka
+    accepted: int = 0  # distinct events on the first stage's output
+    duplicated: int = 0  # extra copies on the first stage's output
+    lost: int = 0  # sent, neither accepted nor dead-lettered
+    dead_letters: dict[str, int] = field(default_factory=dict)  # "<stage>:<reason>" → records
+    false_dead_letters: dict[str, int] = field(default_factory=dict)  # of valid events, by "<stage>:<reason>"
+    windows_expected: int = 0
+    windows_delivered: int = 0
+    windows_missing: int = 0
+    windows_incomplete: int = 0  # emitted with fewer readings than were accepted for it
+    windows_inflated: int = 0  # emitted with more: a reading the first stage duplicated, counted twice
+    windows_duplicated: int = 0
+    predictions_missing: int = 0
+    predictions_duplicated: int = 0
+    oversize_sent: int = 0  # the record just under the limit (its dead letter is over it)
+    oversize_refused: int = 0  # the record over the limit: refused by the producer, never in Kafka
+    oversize_dead_lettered: int = 0  # dead letters of the record sent (keyed ``oversize``)
+    oversize_truncated: int = 0  # of those, kept truncated (``dlq.truncated_from_bytes`` in their headers)
+
+    @property
+    def ok(self) -> bool:
+        """Nothing lost: something was sent, all of it acknowledged, every event, window and prediction there."""
+        return (self.sent > 0 and self.sent == self.produced and self.refused_by_broker == 0 and self.lost == 0
+                and self.windows_missing == 0 and self.windows_incomplete == 0 and self.predictions_missing == 0)
+
+    def clean(self, exactly_once: bool) -> bool:
+        """``ok``, no dead letter of a valid event and, in exactly-once mode, no duplicate."""
+        duplicates = self.duplicated + self.windows_duplicated + self.predictions_duplicated
+        return self.ok and not self.false_dead_letters and (not exactly_once or duplicates == 0)
+
+
+@dataclass
+class Report:
+    app: str
+    exactly_once: bool
+    rate: float
+    duration_s: float
+    faults: list[FaultResult]
+    accounting: Accounting
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=str)
+
+
+class _Load(threading.Thread):
+    """The simulator's events at a steady rate; counts what the broker acknowledged, by event id."""
+
+    def __init__(self, stack: StackSettings, topology: Topology, rate: float, seed: int):
+        super().__init__(daemon=True, name="chaos-load")
+        self.topology = topology
+        self.source = topology.simulator.source
+        hz = build_simulator(topology, entities=1, seed=seed).rate_hz
+        entities = max(1, round(rate / hz))  # paced by the simulator's own clock: event time follows wall time
+        self.simulator = build_simulator(topology, entities=entities, seed=seed).load(entities)
+        self.rate = entities * hz
+        self.acked: Counter = Counter()
+        self.produced = 0
+        self.failed: list[str] = []
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+        # a producer that outlives a broker restart: it retries until delivery.timeout.ms
+        self.producer = Producer(stack.kafka.config({"enable.idempotence": True,
+                                  "acks": "all", "linger.ms": 5, "delivery.timeout.ms": 300_000,
+                                  "on_delivery": self._delivered}))
+        self.started = time.monotonic()
+
+    def _delivered(self, err: KafkaError | None, msg) -> None:  # noqa: ANN001 - confluent-kafka's Message
+        event_id = _event_id(msg.value())
+        with self._lock:
+            if err is None:
+                self.acked[event_id] += 1
+            else:
+                self.failed.append(f"{event_id}: {err.str()}")
+
+    def run(self) -> None:
+        step = 0
+        start_ms = int(time.time() * 1000)
+        interval = 1 / self.simulator.rate_hz
+        next_at = time.monotonic()
+        while not self._halt.is_set():
+            for event in self.simulator.tick(step, start_ms):
+                while True:
+                    try:
+                        self.producer.produce(self.source, event.value, event.key)
+                        self.produced += 1
+                        break
+                    except BufferError:
+                        self.producer.poll(0.1)
+            self.producer.poll(0)
+            step += 1
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(30)
+        left = self.producer.flush(120)
+        if left:
+            self.failed.append(f"{left} records not acknowledged 120 s after the load stopped")
+
+
+def _event_id(value: bytes | None) -> str:
+    try:
+        return str(orjson.loads(value).get("event_id", "")) if value else ""
+    except (orjson.JSONDecodeError, AttributeError):
+        return ""
+
+
+class Campaign:
+    """One fault campaign (see the module's doc)."""
+
+    def __init__(self, app: Path, stack: StackSettings, *, faults: tuple[str, ...] = SHORT, rate: float = 200.0,
+                 fault_s: float = 8.0, recovery_timeout_s: float = 120.0,
+                 exactly_once: bool = False, seed: int = 11, console: Console | None = None):
+        self.app = Path(app)
+        self.stack = stack
+        self.faults = faults
+        self.rate = rate
+        self.fault_s = fault_s
+        self.recovery_timeout_s = recovery_timeout_s
+        self.exactly_once = exactly_once
+        self.seed = seed
+        self.console = console or Console()
+        self.prefix = f"chaos{uuid.uuid4().hex[:6]}"
+        self._folder = tempfile.TemporaryDirectory(prefix="tangram-chaos-")
+        original = load_topology(self.app)
+        overrides = {f"processors/{n}/exactly_once": True for n in original.processors} if exactly_once else {}
+        self.path = namespaced(self.app, self.prefix, Path(self._folder.name) / "topology.yaml", overrides)
+        self.topology = load_topology(self.path)
+        if faults in (SHORT, LONG):  # the presets name the reference app's processors: those the app has
+            self.faults = faults = tuple(f for f in faults if f.partition(":")[0] not in ("kill", "registry-at-start")
+                                         or f.partition(":")[2] in ("broker", *self.topology.processors))
+        for fault in faults:
+            kind, _, target = fault.partition(":")
+            if kind in ("kill", "registry-at-start") and target not in ("broker", *self.topology.processors):
+                raise TopologyError(f"chaos: {fault!r}: app {original.app!r} has no processor {target!r}")
+            if kind not in ("kill", "freeze", "stop", "registry-at-start", "oversize"):
+                raise TopologyError(f"chaos: unknown fault {fault!r} (kill:, freeze:, stop:, registry-at-start:, oversize)")
+        self.services = {p.name: p for p in components.build(stack)}
+        self.probe = Consumer(stack.kafka.config({"group.id": f"{self.prefix}-probe",
+                               "enable.auto.commit": False}))
+
+    # -- the run -------------------------------------------------------------------------------
+    def run(self) -> Report:
+        topology = self.topology
+        apply(topology, self.stack)
+        processors = Processors(self.path, self.stack)
+        load = None
+        results: list[FaultResult] = []
+        try:
+            processors.start()
+            processors.wait_joined(timeout_s=120)
+            load = _Load(self.stack, topology, self.rate, self.seed)
+            load.start()
+            self.rate = load.rate
+            self.console.print(f"chaos on {self.app} as {self.prefix} ({'exactly-once' if self.exactly_once else 'at-least-once'}): "
+                               f"{load.rate:g} events/s from {load.simulator.entities} entities; faults: {', '.join(self.faults)}")
+            time.sleep(10)  # steady state first
+            self.oversize = (0, 0)
+            for fault in self.faults:
+                started = time.monotonic()
+                note, ended = self._inject(fault, processors)
+                recovery = self._caught_up(ended)
+                results.append(FaultResult(fault, round(started - load.started, 1), round(ended - started, 1),
+                                           None if recovery is None else round(recovery, 1), note))
+                self.console.print(f"  {fault:<28} lasted {ended - started:5.1f}s, recovered in "
+                                   f"{'—' if recovery is None else f'{recovery:.1f}s'} {note}")
+            time.sleep(5)
+            load.stop()
+            wait_quiet(self.probe, topology, quiet_s=5.0, timeout_s=180.0)  # windows still open stay open
+            accounting = self._account(load)
+        finally:
+            if load is not None and load.is_alive():
+                load.stop()
+            processors.stop()
+            self.probe.close()
+        return Report(topology.app, self.exactly_once, self.rate, round(time.monotonic() - load.started, 1),
+                      results, accounting)
+
+    def close(self) -> None:
+        self._folder.cleanup()
+
+    # -- faults ----------------------------------------------------------------------------------
+    def _inject(self, fault: str, processors: Processors) -> tuple[str, float]:
+        """Inject ``fault``; returns a note and when it ended (monotonic)."""
+        kind, _, target = fault.partition(":")
+        if kind == "kill" and target == "broker":
+            kafka = self.services["kafka"]
+            os.kill(self._pid(kafka), signal.SIGKILL)
+            self._wait_dead(kafka)
+            time.sleep(self.fault_s)
+            kafka.wait_ready(kafka.start(), self.stack.start_timeout_s)
+            return "broker kill -9, restarted", time.monotonic()
+        if kind == "kill":
+            processors.kill(target)
+            processors.start_one(target)
+            return "", time.monotonic()
+        if kind == "freeze":
+            pids = self._server_pids(target)
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                time.sleep(self.fault_s)
+            finally:
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
+            return f"SIGSTOP of pid {', '.join(map(str, pids))}", time.monotonic()
+        if kind == "stop":
+            service = self.services[target]
+            service.stop()
+            time.sleep(self.fault_s)
+            service.wait_ready(service.start(), self.stack.start_timeout_s)
+            return "stopped, started again", time.monotonic()
+        if kind == "registry-at-start":
+            registry = self.services["registry"]
+            registry.stop()
+            processors.kill(target)
+            proc = processors.start_one(target)
+            time.sleep(self.fault_s)
+            alive = proc.poll() is None
+            registry.wait_ready(registry.start(), self.stack.start_timeout_s)
+            if not alive:
+                return f"{target} exited while the registry was down", time.monotonic()
+            return f"{target} waited for the registry", time.monotonic()
+        if kind == "oversize":
+            return self._oversize(), time.monotonic()
+        raise AssertionError(fault)
+
+    def _oversize(self) -> str:
+        """One record just under the producer's limit (its dead letter is over it), one over it (refused)."""
+        source = self.topology.simulator.source
+        producer = Producer(self.stack.kafka.config({"enable.idempotence": True}))
+        under = 0
+        for size in (999_960, 999_900, 999_800, 999_500, 999_000):
+            try:
+                producer.produce(source, b"x" * size, b"oversize")
+                under = size
+                break
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise
+        refused = 0
+        try:
+            producer.produce(source, b"x" * 1_200_000, b"oversize")
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                raise
+            refused = 1
+        if producer.flush(30):
+            raise StackError("chaos: the oversize record was not acknowledged")
+        self.oversize = (1 if under else 0, refused)
+        return f"a {under}-byte record sent, a 1,200,000-byte one refused by the producer" if under else \
+            "no record under the limit could be sent"
+
+    def _server_pids(self, name: str) -> list[int]:
+        """The processes that serve: Redis's server; Triton's ``tritonserver`` and its backend stubs (not
+        PyTriton's wrapper, which serves nothing)."""
+        pid = self._pid(self.services[name])
+        if name != "triton":
+            return [pid]
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")[0]
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pid and int(stat.parent.name) != pid and (
+                    cmdline.endswith(b"tritonserver") or cmdline.endswith(b"triton_python_backend_stub")):
+                pids.append(int(stat.parent.name))
+        if not pids:
+            raise StackError(f"chaos: no tritonserver process in the process group of Triton's wrapper (pid {pid})")
+        return sorted(pids)
+
+    @staticmethod
+    def _pid(service: ManagedProcess) -> int:
+        pid = service.pid()
+        if pid is None:
+            raise StackError(f"chaos: {service.name} is not running (`tangram up`)")
+        return pid
+
+    @staticmethod
+    def _wait_dead(service: ManagedProcess, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while service.pid() is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    # -- recovery --------------------------------------------------------------------------------
+    def _caught_up(self, since: float, timeout_s: float | None = None) -> float | None:
+        """Seconds from ``since`` until every group committed past its inputs' ends at ``since`` (None: timeout)."""
+        topology = self.topology
+        deadline = time.monotonic() + (timeout_s or self.recovery_timeout_s)
+        targets: dict[str, dict[TopicPartition, int]] = {}
+        while time.monotonic() < deadline:
+            try:
+                if not targets:
+                    for name, spec in topology.processors.items():
+                        ends = high_watermarks(self.probe, topology, list(spec.inputs))
+                        targets[name] = {tp: end for tp, end in ends.items() if end > 0}
+                if all(self._committed(topology.group(name), ends) for name, ends in targets.items()):
+                    return time.monotonic() - since
+            except KafkaException:
+                pass  # the broker is still coming back
+            time.sleep(0.5)
+        return None
+
+    def _committed(self, group: str, ends: dict[TopicPartition, int]) -> bool:
+        if not ends:
+            return True
+        consumer = Consumer(self.stack.kafka.config({"group.id": group,
+                             "enable.auto.commit": False}))
+        try:
+            committed = consumer.committed(list(ends), timeout=10)
+        finally:
+            consumer.close()
+        # exactly-once: a transaction's commit marker follows its last record, one offset the group never commits
+        slack = 1 if self.exactly_once else 0
+        return all(tp.offset >= ends[TopicPartition(tp.topic, tp.partition)] - slack for tp in committed)
+
+    # -- accounting ------------------------------------------------------------------------------
+    def _account(self, load: _Load) -> Accounting:
+        topology = self.topology
+        a = Accounting()
+        acked = load.acked
+        a.sent, a.produced = sum(acked.values()), load.produced
+        a.refused_by_broker = len(load.failed)
+        a.oversize_sent, a.oversize_refused = self.oversize
+        valid = {e for e in acked if e}
+        ingest_name, ingest = next((n, p) for n, p in topology.processors.items() if topology.simulator.source in p.inputs)
+        accepted_topic = ingest.outputs[0]
+        accepted = self._read(accepted_topic)
+        ids = Counter(_header(m, "event_id") for m in accepted)
+        a.accepted = len(set(ids) & valid)
+        a.duplicated = sum(n - 1 for e, n in ids.items() if e in valid)
+        dead: Counter = Counter()
+        false: Counter = Counter()
+        dead_ids: set[str] = set()
+        stages = {p.dlq: n for n, p in topology.processors.items() if p.dlq}
+        for dlq, stage in stages.items():
+            for m in self._read(dlq):
+                reason = f"{stage}:{_header(m, 'dlq.reason')}"
+                dead[reason] += 1
+                event = _header(m, "event_id") or (_event_id(m.value()) if stage == ingest_name else "")
+                if stage == ingest_name:
+                    dead_ids.add(event)
+                if (m.key() or b"") == b"oversize":
+                    a.oversize_dead_lettered += 1
+                    a.oversize_truncated += 1 if _header(m, "dlq.truncated_from_bytes") else 0
+                else:
+                    false[reason] += 1  # every event of the load is valid: no dead letter is expected
+        a.dead_letters, a.false_dead_letters = dict(dead), dict(false)
+        a.lost = len(valid - set(ids) - dead_ids)
+        self._windows(a, accepted, accepted_topic)
+        return a
+
+    def _windows(self, a: Accounting, accepted: list, accepted_topic: str) -> None:
+        topology = self.topology
+        features = next(iter(topology.processors_of(Kind.FEATURES).items()), None)
+        if features is None:
+            return
+        name, spec = features
+        fs = load_feature_set(topology.path(spec.params["feature_set"]))
+        decode = topic_codec(topology, self.stack.registry_url, accepted_topic).decode
+        readings: dict[str, dict] = {}  # by event id, in the order the stage read them: each counted once
+        for m in accepted:
+            readings.setdefault(_header(m, "event_id"), decode(m.value()))
+        expected, _ = expected_windows(list(readings.values()), fs)
+        out_topic = spec.outputs[0]
+        out_decode = topic_codec(topology, self.stack.registry_url, out_topic).decode
+        key = fs.entity.join_key
+        rows: dict[tuple[str, int], list[dict]] = {}
+        for m in self._read(out_topic):
+            row = out_decode(m.value())
+            rows.setdefault((row[key], row["window_start"]), []).append(row)
+        a.windows_expected, a.windows_delivered = len(expected), len(set(rows) & set(expected))
+        a.windows_missing = len(set(expected) - set(rows))
+        a.windows_duplicated = sum(len(v) - 1 for v in rows.values())
+        a.windows_incomplete = sum(1 for k, v in rows.items() if k in expected
+                                   and max(r["count"] for r in v) < expected[k]["count"])
+        a.windows_inflated = sum(1 for k, v in rows.items() if k in expected
+                                 and max(r["count"] for r in v) > expected[k]["count"])
+        inference = next(iter(topology.processors_of(Kind.INFERENCE).values()), None)
+        if inference is None:
+            return
+        predictions = Counter()
+        p_decode = topic_codec(topology, self.stack.registry_url, inference.outputs[0]).decode
+        for m in self._read(inference.outputs[0]):
+            p = p_decode(m.value())
+            predictions[(p[key], p["window_start"])] += 1
+        a.predictions_missing = len(set(rows) - set(predictions))
+        a.predictions_duplicated = sum(n - 1 for n in predictions.values())
+
+    def _read(self, topic: str) -> list:
+        """Every record of ``topic`` (read_committed), from the start to its end now."""
+        ends = high_watermarks(self.probe, self.topology, [topic])
+        consumer = Consumer(self.stack.kafka.config({"group.id": f"{self.prefix}-read",
+                             "enable.auto.commit": False, "isolation.level": "read_committed",
+                             "fetch.max.bytes": 2_000_000, "max.partition.fetch.bytes": 2_000_000}))
+        consumer.assign([TopicPartition(tp.topic, tp.partition, 0) for tp in ends])
+        out, done = [], {tp for tp, end in ends.items() if end == 0}
+        deadline = time.monotonic() + 120
+        try:
+            while len(done) < len(ends) and time.monotonic() < deadline:
+                for m in consumer.consume(1000, 1.0):
+                    if m.error():
+                        continue
+                    out.append(m)
+                    tp = TopicPartition(m.topic(), m.partition())
+                    if m.offset() + 1 >= ends[tp]:
+                        done.add(tp)
+                if len(done) < len(ends):  # transaction markers and aborted records end a partition short
+                    for tp in ends:
+                        if tp not in done:
+                            position = consumer.position([TopicPartition(tp.topic, tp.partition)])[0].offset
+                            if position >= ends[tp]:
+                                done.add(tp)
+        finally:
+            consumer.close()
+        return out
+
+
+def _header(msg, name: str) -> str:  # noqa: ANN001 - confluent-kafka's Message
+    return dict(msg.headers() or []).get(name, b"").decode("utf-8", "replace")
+
+
+def print_report(report: Report, console: Console) -> None:
+    faults = Table(title=f"chaos: {report.app} ({'exactly-once' if report.exactly_once else 'at-least-once'}), "
+                         f"{report.rate:g} events/s for {report.duration_s:g}s")
+    for col in ("fault", "at", "lasted", "recovery", "note"):
+        faults.add_column(col)
+    for f in report.faults:
+        faults.add_row(f.fault, f"{f.started_s:g}s", f"{f.lasted_s:g}s",
+                       "not within the timeout" if f.recovery_s is None else f"{f.recovery_s:g}s", f.note)
+    console.print(faults)
+    a = report.accounting
+    table = Table(title="every event accounted for")
+    table.add_column("what")
+    table.add_column("records", justify="right")
+    rows = [("produced", a.produced), ("sent (acknowledged)", a.sent), ("not acknowledged", a.refused_by_broker),
+            ("oversize: sent just under the limit", a.oversize_sent),
+            ("oversize: refused by the producer (over the limit)", a.oversize_refused),
+            ("oversize: dead-lettered", a.oversize_dead_lettered), ("oversize: dead letter truncated", a.oversize_truncated),
+            ("accepted by the first stage", a.accepted), ("duplicated there", a.duplicated), ("lost", a.lost),
+            *((f"DLQ {reason}", n) for reason, n in sorted(a.dead_letters.items())),
+            *((f"false dead letters {reason}", n) for reason, n in sorted(a.false_dead_letters.items())),
+            ("windows expected", a.windows_expected), ("windows delivered", a.windows_delivered),
+            ("windows missing", a.windows_missing), ("windows incomplete", a.windows_incomplete),
+            ("windows inflated (a duplicated reading counted twice)", a.windows_inflated),
+            ("windows duplicated", a.windows_duplicated), ("predictions missing", a.predictions_missing),
+            ("predictions duplicated", a.predictions_duplicated)]
+    for what, n in rows:
+        table.add_row(what, f"{n:,}")
+    console.print(table)
+    console.print("[green]nothing lost[/]" if a.ok else "[red]events or windows lost (see above)[/]")
+    if a.false_dead_letters:
+        console.print(f"[red]{sum(a.false_dead_letters.values()):,} valid events dead-lettered[/]")
