@@ -45,8 +45,11 @@ sys.path.insert(0, str(ROOT))
 from baselines import raw_copy_seconds  # noqa: E402
 from reference_app import SCHEMAS  # noqa: E402
 from report import Figure, emit  # noqa: E402
+
+from streams.config_center import ConfigCenter  # noqa: E402
 from streams.plan import apply  # noqa: E402
 from streams.run import make_runner  # noqa: E402
+from streams.security import keys  # noqa: E402
 from streams.settings import StackSettings  # noqa: E402
 from streams.topology import load_topology  # noqa: E402
 
@@ -118,7 +121,11 @@ def validation_path(stack: StackSettings, topology_path: Path, n: int) -> float:
     return n / (time.perf_counter() - state["started"])
 
 
-async def http_closed(url: str, batch: int, seconds: float, concurrency: int) -> float:
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def http_closed(url: str, token: str, batch: int, seconds: float, concurrency: int) -> float:
     rng = np.random.default_rng(2)
     counter = {"requests": 0}
     deadline = time.perf_counter() + seconds
@@ -132,16 +139,16 @@ async def http_closed(url: str, batch: int, seconds: float, concurrency: int) ->
                 assert r.status == 200, await r.text()
             counter["requests"] += 1
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency), headers=bearer(token)) as session:
         start = time.perf_counter()
         await asyncio.gather(*(client(session, k) for k in range(concurrency)))
         return counter["requests"] / (time.perf_counter() - start)
 
 
-async def http_open(url: str, batch: int, seconds: float, rate: float) -> np.ndarray:
+async def http_open(url: str, token: str, batch: int, seconds: float, rate: float) -> np.ndarray:
     rng = np.random.default_rng(3)
     latencies: list[float] = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256), headers=bearer(token)) as session:
         async def one(scheduled: float, i: int) -> None:
             body = [reading(900_000_000 + i * batch + j, rng) for j in range(batch)] if batch > 1 else reading(900_000_000 + i, rng)
             async with session.post(url, json=body) as r:
@@ -182,6 +189,9 @@ def main() -> None:
                 f"raw consume→produce→commit loop {raw:,.0f}/s (before {raw_before:,.0f}, after {raw_after:,.0f})",
                 f"{validated / raw:.2f} (goal ≥ 0.5)", n=args.records, batch=500, benchmark="bench_ingest"))
 
+    # the gateway as users run it: every request shows an API key, limits far above what one machine can send
+    center = ConfigCenter(stack.kafka)
+    key = keys.create(center, "bench", prefix, ["telemetry"], author="bench_ingest", rate_per_s=1e9, burst=10**9)
     env = {**os.environ, "TANGRAM_HTTP_GATEWAY_PORT": str(args.http_port)}
     server = subprocess.Popen([sys.executable, "-m", "streams", "gateway", "http", str(path)], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -190,7 +200,7 @@ def main() -> None:
         deadline = time.monotonic() + 30
         while True:
             try:
-                asyncio.run(http_closed(url, 1, 0.01, 1))
+                asyncio.run(http_closed(url, key.token, 1, 0.01, 1))
                 break
             except (aiohttp.ClientError, OSError):
                 if server.poll() is not None or time.monotonic() > deadline:
@@ -198,8 +208,8 @@ def main() -> None:
                 time.sleep(0.3)
         print(f"\nHTTP ingest (gateway in its own process, answers after the broker's ack), {args.concurrency} clients:")
         for batch in (1, 100):
-            rps = asyncio.run(http_closed(url, batch, args.seconds, args.concurrency))
-            lat = asyncio.run(http_open(url, batch, args.seconds, rps / 2))
+            rps = asyncio.run(http_closed(url, key.token, batch, args.seconds, args.concurrency))
+            lat = asyncio.run(http_open(url, key.token, batch, args.seconds, rps / 2))
             print(f"  batch {batch:>3}: {rps:>8,.0f} requests/s ({rps * batch:>9,.0f} readings/s) closed loop;  "
                   f"open loop at {rps / 2:,.0f} req/s: p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms")
             emit(Figure(f"HTTP ingest, {batch} reading{'s' if batch > 1 else ''} per request ({args.concurrency} "
@@ -210,6 +220,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(30)
+        keys.revoke(center, key.key_id, author="bench_ingest", reason="benchmark over")
 
 
 if __name__ == "__main__":
