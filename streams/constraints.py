@@ -123,11 +123,12 @@ def _state_violations(topology: Topology, name: str, spec: ProcessorSpec, cls: t
     inference, rules = spec.kind == Kind.INFERENCE, spec.kind == Kind.RULES
     follows = bool(params.get("follow_registry") or params.get("routing_file"))
     if state.hot_reload:
-        live = (inference and (follows or params.get("follow_degradation"))) or (rules and params.get("live_config", True))
+        live = ((inference and (follows or params.get("follow_degradation")))
+                or ((rules or getattr(cls, "reloads_live", False)) and params.get("live_config", True)))
         if not live:
             out.append(f"processor {name!r} declares hot_reload, but nothing of it changes without a restart "
                        "(an inference worker reloads with follow_registry, routing_file or follow_degradation; "
-                       "a rule processor with live_config)")
+                       "a rule processor, or a kind declaring reloads_live, with live_config)")
     if state.ttl_s is not None:
         if spec.kind != Kind.FEATURES:
             out.append(f"processor {name!r}: state.ttl_s is the online store's key lifetime, which only a features "

@@ -231,6 +231,10 @@ class Processor(ABC):
     #: Reads model artifacts (model cards, baselines, digests) from the stack's model repository
     #: (``TANGRAM_MODEL_REPOSITORY``): deploy targets give it the model server's repository.
     needs_models: bool = False
+    #: Changes what it does from the config center without a restart while its ``live_config`` param is on
+    #: (default on), so a topology may declare ``state.hot_reload`` for it. The built-in kinds are known to
+    #: ``tangram plan``; a custom kind that follows live config says so here.
+    reloads_live: bool = False
 
     @classmethod
     @abstractmethod

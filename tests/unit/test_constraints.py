@@ -1,8 +1,8 @@
 import yaml
 
-from reference import pm_doc
+from reference import INTAKE, pm_doc
 from streams.constraints import path, violations
-from streams.topology import Topology
+from streams.topology import Topology, load_topology
 
 REFERENCE = pm_doc()
 
@@ -20,6 +20,19 @@ def variant(**edits) -> Topology:
 
 def test_reference_topology_is_sound():
     assert violations(Topology.model_validate(REFERENCE)) == []
+
+
+def test_the_document_intake_topology_is_sound_with_its_own_kinds():
+    """The second reference app's stages declare the services they call and that OCR follows live config."""
+    assert violations(load_topology(INTAKE)) == []
+
+
+def test_a_custom_kind_reloading_live_still_needs_its_live_config():
+    doc = yaml.safe_load((INTAKE / "topology.yaml").read_text())
+    doc["processors"]["ocr"]["params"]["live_config"] = False
+    topology = Topology.model_validate({**doc, "root": str(INTAKE)})
+    [msg] = violations(topology)
+    assert "'ocr' declares hot_reload" in msg
 
 
 def test_path_follows_topics_through_processors():

@@ -31,11 +31,27 @@ from intake_app.extraction import extract, load_spec
 from intake_app.gallery import Gallery
 from intake_app.images import DuplicateContent, check_image
 from intake_app.models import read_characters
-from intake_app.ocr import CLS, DET, REC, Line, OcrEngine, OcrSettings, Timings, decode_image
+from intake_app.ocr import (
+    CLS,
+    DET,
+    REC,
+    Line,
+    OcrEngine,
+    OcrSettings,
+    Timings,
+    decode_image,
+)
 from streams.context import BuildContext
 from streams.delivery import Record
-from streams.errors import BackpressureError, InferenceError, InferenceUnavailableError, PayloadError
+from streams.errors import (
+    BackpressureError,
+    InferenceError,
+    InferenceUnavailableError,
+    PayloadError,
+    ServiceUnavailableError,
+)
 from streams.payloads import PayloadStore
+from streams.resilience import REDIS_FAILURES, Guard
 from streams.rules.degradation import LevelController
 from streams.rules.spec import DegradationSpec, Level, Trigger
 from streams.stage import Emit, Sink, Stage, StageSettings
@@ -56,16 +72,26 @@ SKIPPED = Counter("tangram_intake_ocr_skipped_total", "Documents not read by OCR
                   ["processor", "level"])
 
 
-def _redis_call(what: str, call: Any) -> Any:
-    """A Redis call; Redis being down is backpressure (the batch is retried), never the record's fault."""
+def _redis(ctx: BuildContext) -> tuple[redis.Redis, Guard]:
+    """A Redis client with the processor's declared deadline, and the guard its calls go through."""
+    guard = ctx.calls.guard("redis", REDIS_FAILURES)
+    return redis.Redis.from_url(ctx.stack.redis_url, socket_timeout=guard.timeout_s,
+                                socket_connect_timeout=guard.timeout_s), guard
+
+
+def _redis_call(guard: Guard, what: str, call: Any) -> Any:
+    """A Redis call under the processor's declared deadline, retries and breaker (``calls:``); Redis being
+    down is backpressure (the batch is retried), never the record's fault."""
     try:
-        return call()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise BackpressureError(f"Redis unavailable while {what}: {exc}") from exc
+        return guard.call(call)
+    except ServiceUnavailableError as exc:
+        raise ServiceUnavailableError(f"Redis unavailable while {what}: {exc}", "redis") from exc
 
 
 class Intake(Stage):
     """Uploads → checked documents (to OCR) and their receipts (hashes and the gallery's nearest match)."""
+
+    services = frozenset({"redis", "registry"})  # dedup and the gallery; the codecs
 
     class Settings(StageSettings):
         documents_topic: str = Field(description="Where accepted documents go (OCR reads them).")
@@ -80,16 +106,16 @@ class Intake(Stage):
 
     def __init__(self, ctx: BuildContext):
         super().__init__(ctx)
-        self.redis = redis.Redis.from_url(ctx.stack.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        self.redis, self.guard = _redis(ctx)
         self.payloads = PayloadStore.of(ctx.topology, ctx.stack)
         self.gallery = Gallery(self.redis, f"{self.settings.key_prefix}:gallery")
         self._outcomes: deque[bool] = deque(maxlen=self.settings.valid_window)
 
     def setup(self) -> None:
-        _redis_call("connecting", self.redis.ping)
+        _redis_call(self.guard, "connecting", self.redis.ping)
 
     def transform_batch(self, values: Sequence[dict], records: Sequence[Record]) -> list[Any]:
-        _redis_call("reading the gallery", self.gallery.refresh)
+        _redis_call(self.guard, "reading the gallery", self.gallery.refresh)
         results = super().transform_batch(values, records)
         self._outcomes.extend(not isinstance(r, BaseException) for r in results)
         INPUT_VALID.labels(self.name).set(sum(self._outcomes) / len(self._outcomes))
@@ -100,9 +126,9 @@ class Intake(Stage):
         image = check_image(self.payloads.value(value, "image"), max_bytes=s.max_bytes, min_side=s.min_side,
                             max_side=s.max_side, phash_size=s.phash_size)
         key = f"{s.key_prefix}:sha256:{image.sha256}"
-        first = _redis_call("deduplicating", lambda: self.redis.set(key, value["doc_id"], nx=True, ex=s.dedup_ttl_s))
+        first = _redis_call(self.guard, "deduplicating", lambda: self.redis.set(key, value["doc_id"], nx=True, ex=s.dedup_ttl_s))
         if not first:
-            owner = (_redis_call("deduplicating", lambda: self.redis.get(key)) or b"").decode()
+            owner = (_redis_call(self.guard, "deduplicating", lambda: self.redis.get(key)) or b"").decode()
             if owner != value["doc_id"]:  # the same document read again after a crash is not a duplicate
                 raise DuplicateContent(f"same content as document {owner} (sha256 {image.sha256[:16]}...)")
         match = self.gallery.nearest(image.phash)
@@ -127,10 +153,14 @@ class Ocr(Stage):
     and its own golden signal, the p99 of its batches' OCR time over ``signal_window_s``, through the
     declared ``triggers`` (the rule processor's trigger model). At L1 it skips ``low_priority_model``
     (the direction classifier); from L2 on it reads nothing (the rules decide from the gallery).
+    Its Triton calls go through the processor's guard: the deadline, retries and breaker its ``calls:``
+    declare.
     """
 
+    services = frozenset({"triton", "registry"})
+    reloads_live = True  # the config center's degradation switch, without a restart (``live_config``)
+
     class Settings(StageSettings):
-        timeout_s: float = Field(30.0, gt=0, description="Deadline of one Triton call.")
         low_priority_model: str = Field(CLS, description="The model skipped at degradation level L1.")
         det_limit: int = Field(OcrSettings.det_limit, ge=64, description="Longest side given to the detector.")
         rec_batch: int = Field(OcrSettings.rec_batch, ge=1, le=64, description=(
@@ -147,6 +177,7 @@ class Ocr(Stage):
         self.contracts = {m: ModelContract.from_config(repository / m) for m in (DET, REC, CLS)}
         self.characters = read_characters(repository / REC)
         self.url = ctx.stack.triton_grpc_url
+        self.guard = ctx.calls.guard("triton", (InferenceUnavailableError,))
         self.kafka = ctx.stack.kafka
         self.payloads = PayloadStore.of(ctx.topology, ctx.stack)
         self.levels = LevelController(DegradationSpec(triggers=self.settings.triggers, window_s=self.settings.signal_window_s),
@@ -173,14 +204,14 @@ class Ocr(Stage):
         """The three models, each checked against the contract of its config.pbtxt, and their served versions."""
         async with ModelRepository(self.url) as repository:
             for name in (DET, REC, CLS):
-                model = TritonModel(self.url, name, timeout_s=self.settings.timeout_s, contract=self.contracts[name])
+                model = TritonModel(self.url, name, timeout_s=self.guard.timeout_s, contract=self.contracts[name])
                 await model.setup()
                 self.models[name] = model
                 self.versions[name] = max(await repository.ready_versions(name), key=int)
         log.info("%s: OCR models %s", self.name, ", ".join(f"{m} v{v}" for m, v in self.versions.items()))
 
     async def _infer(self, model: str, batch: np.ndarray) -> np.ndarray:
-        return await self.models[model].infer(batch)
+        return await self.guard.acall(self.models[model].infer, batch)
 
     def level(self) -> Level:
         """The level in effect: the config center's switch, raised by this stage's own triggers."""
@@ -217,7 +248,7 @@ class Ocr(Stage):
                                OcrSettings(det_limit=self.settings.det_limit, rec_batch=self.settings.rec_batch))
             timings = Timings()
             read = self._read(engine, images, use_cls, timings)
-        except InferenceUnavailableError as exc:
+        except (InferenceUnavailableError, ServiceUnavailableError) as exc:
             self.models.clear()
             raise BackpressureError(str(exc)) from exc
         elapsed = time.perf_counter() - started
@@ -307,19 +338,21 @@ class GalleryWriter(Sink):
 
     A re-delivered batch appends its documents again; readers index a document once (``Gallery.refresh``)."""
 
+    services = frozenset({"redis", "registry"})
+
     class Settings(StageSettings):
         key_prefix: str = Field("intake", description="Prefix of this app's Redis keys (as the intake's).")
         max_entries: int = Field(100_000, ge=1, description="The gallery keeps the newest this many documents.")
 
     def __init__(self, ctx: BuildContext):
         super().__init__(ctx)
-        self.redis = redis.Redis.from_url(ctx.stack.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        self.redis, self.guard = _redis(ctx)
         self.gallery = Gallery(self.redis, f"{self.settings.key_prefix}:gallery", self.settings.max_entries)
 
     def write(self, values: Sequence[dict], records: Sequence[Record]) -> None:
         for value in values:
             if value["model_versions"]:  # decided on OCR, not itself a gallery match
-                _redis_call("adding to the gallery", lambda v=value: self.gallery.add(
+                _redis_call(self.guard, "adding to the gallery", lambda v=value: self.gallery.add(
                     v["doc_id"], v["image_phash"], v["doc_type"], v["fields"]))
 
     def close(self) -> None:
