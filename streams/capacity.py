@@ -150,8 +150,8 @@ class CapacityPlan:
         out = []
         for s in self.stages:
             if not s.fits:
-                out.append(f"processor {s.name!r} needs {s.replicas_needed} replicas to carry {s.rate.sizing:,.6g}/s "
-                           f"at utilization {s.target_utilization:g} ({s.capacity.per_replica:,.6g}/s a replica, "
+                out.append(f"processor {s.name!r} needs {s.replicas_needed} replicas to carry {s.rate.sizing:,.0f}/s "
+                           f"at utilization {s.target_utilization:g} ({s.capacity.per_replica:,.0f}/s a replica, "
                            f"{s.capacity.source}), but its input {s.narrowest_input!r} has {s.partitions} partitions: "
                            f"declare `partitions: {s.replicas_needed}` (or more) on it")
         return out

@@ -192,7 +192,8 @@ def _plan_capacity(topology, bench_file: Path) -> None:
     console.print(f"bench figures: {result.bench.source}" + (f" ({result.bench.machine})" if result.bench.machine else ""))
     for i, figure in enumerate(cited, 1):
         console.print(f"  [{i}] {figure.path}: {figure.rate:,.0f} {figure.unit}/s, N={figure.n:,}, batch "
-                      f"{figure.batch or '-'}, commit {figure.commit} ({figure.benchmark})", highlight=False)
+                      f"{figure.batch or '-'}, commit {figure.commit}" + (f" ({figure.benchmark})" if figure.benchmark else ""),
+                      highlight=False)
     console.print("declared: compute.max_rate_per_replica; unknown: neither a figure of the stage's kind nor a "
                   "declaration; replicas = ceil(peak / (a replica/s × util)); partitions ≥ replicas")
     for note in result.notes:
