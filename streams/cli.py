@@ -125,12 +125,83 @@ def init(
 def plan(
     topology: Path = AppArg,
     models: bool = typer.Option(True, "--models/--no-models", help="Include the app's models (see `apply`)."),
+    capacity: bool = typer.Option(False, "--capacity", help="Instead: the partitions, replicas, Flink parallelism "
+                                  "and Triton servers the declared peak rates need, from the last `make bench` "
+                                  "figures (no stack needed); exits 1 when a topic's partitions cannot carry its peak."),
+    bench: Optional[Path] = typer.Option(None, "--bench", help="With --capacity: the results file of `make bench` "
+                                         "(default: <TANGRAM_HOME>/bench/results.json)."),
 ) -> None:
     """Show what `apply` would change on the broker, the schema registry and the model server."""
-    from streams.plan import plan as make_plan
     from streams.topology import load_topology
 
+    if capacity:
+        _plan_capacity(load_topology(topology), bench or _settings().home / "bench" / "results.json")
+        return
+    from streams.plan import plan as make_plan
+
     _show_changes(make_plan(load_topology(topology), _settings(), models=models), f"plan for {topology}")
+
+
+def _plan_capacity(topology, bench_file: Path) -> None:
+    """``plan --capacity``: two tables (topic rates, stage sizing), each number's source, exit 1 on a refusal."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from streams.capacity import load_bench, plan_capacity
+    from streams.topology import Kind
+
+    def num(value) -> str:
+        return "?" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:,.3g}"
+
+    cited: list = []  # bench figures, numbered in the order the table cites them
+
+    def cite(figure) -> str:
+        if figure not in cited:
+            cited.append(figure)
+        return f"bench {figure.commit} [{cited.index(figure) + 1}]"
+
+    result = plan_capacity(topology, load_bench(bench_file))
+    console = Console()
+    topics = Table(title=f"{topology.app}: topic rates (records/s)")
+    for col in ("topic", "baseline", "peak", "from", "partitions"):
+        topics.add_column(col)
+    read = {t for spec in topology.processors.values() for t in spec.inputs}
+    for name, rate in result.topics.items():
+        if name in read or topology.topics[name].data:
+            topics.add_row(name, num(rate.baseline), num(rate.peak), rate.source, str(topology.partitions(name)))
+    console.print(topics)
+    stages = Table(title=f"{topology.app}: capacity at the declared peak")
+    for col in ("stage", "peak in/s", "a replica/s", "from", "util", "replicas (declared)", "partitions (have)",
+                "Flink slots", "Triton servers"):
+        stages.add_column(col)
+    for s in result.stages:
+        source = cite(s.capacity.figure) if s.capacity.figure else (
+            "declared" if s.capacity.per_replica else "unknown")
+        flink = triton = ""
+        if s.kind == Kind.FEATURES:
+            flink = num(s.flink_parallelism) + (f" at {num(s.flink_figure.rate)}/slot, {cite(s.flink_figure)}"
+                                                if s.flink_figure else " (no Flink figure)")
+        if s.kind == Kind.INFERENCE:
+            triton = num(s.triton_servers) + (f" at {num(s.triton_per_server)}/server, {cite(s.triton_figure)}"
+                                              if s.triton_figure else " (no Triton figure)")
+        partitions = f"{num(s.partitions_needed)} ({s.partitions})"
+        stages.add_row(s.name, num(s.rate.sizing), num(s.capacity.per_replica), source, f"{s.target_utilization:g}",
+                       f"{num(s.replicas_needed)} ({s.replicas_declared})",
+                       partitions if s.fits else f"[red]{partitions}[/red]", flink, triton)
+    console.print(stages)
+    console.print(f"bench figures: {result.bench.source}" + (f" ({result.bench.machine})" if result.bench.machine else ""))
+    for i, figure in enumerate(cited, 1):
+        console.print(f"  [{i}] {figure.path}: {figure.rate:,.0f} {figure.unit}/s, N={figure.n:,}, batch "
+                      f"{figure.batch or '-'}, commit {figure.commit}" + (f" ({figure.benchmark})" if figure.benchmark else ""),
+                      highlight=False)
+    console.print("declared: compute.max_rate_per_replica; unknown: neither a figure of the stage's kind nor a "
+                  "declaration; replicas = ceil(peak / (a replica/s × util)); partitions ≥ replicas")
+    for note in result.notes:
+        console.print(f"note: {note}")
+    if refusals := result.refusals():
+        console.print("[red]refused:[/red] the declared peak does not fit the partitions:\n  - " + "\n  - ".join(refusals))
+        raise typer.Exit(1)
+    console.print("every stage's peak fits its inputs' partitions")
 
 
 @app.command()
