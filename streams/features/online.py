@@ -29,7 +29,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import redis
 import redis.asyncio
@@ -42,7 +42,9 @@ from streams.features.layout import (
     HSET_NEWER_SHA,
     FeastLayout,
 )
-from streams.resilience import Guard
+
+if TYPE_CHECKING:  # the Flink job's environment imports this module without the resilience layer's libraries
+    from streams.resilience import Guard
 
 log = logging.getLogger("tangram.features.online")
 

@@ -5,7 +5,7 @@ the first reading of every window still open (``committable``). Some of what it 
 to windows it emitted before it stopped. Without a record of how far it got, the engine could only
 call those readings late, and dead-letter good data (issue 21: 9,000 readings of one ``kill -9``).
 
-:class:`Progress` keeps that record in one Redis hash per engine (``tangram:features:<project>:<view>``),
+:class:`Progress` keeps that record in one Redis hash per engine (``tangram:features:<view>:<project>``),
 written by the same command as the batch's rows (``OnlineWriter.flush``), after the broker has
 acknowledged the batch's outputs: so it never claims more than was delivered.
 
@@ -48,8 +48,10 @@ REREAD = Counter("tangram_features_reread_records_total",
 
 
 def progress_key(layout: FeastLayout) -> bytes:
-    """The engine's progress hash for one feature view of one Feast project (beside Feast's own keys)."""
-    return f"tangram:features:{layout.project}:{layout.feature_view}".encode()
+    """The engine's progress hash for one feature view of one Feast project (beside Feast's own keys). It ends
+    with the project, as Feast's keys do, so a secured stack's per-app Redis user (``~*<project>``,
+    :func:`streams.security.acls.redis_rules`) may write it."""
+    return f"tangram:features:{layout.feature_view}:{layout.project}".encode()
 
 
 class Progress:

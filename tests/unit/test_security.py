@@ -225,3 +225,21 @@ def test_the_broker_certificate_names_its_hosts_and_chains_to_the_ca(tmp_path):
     context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
     context.load_cert_chain(str(path))  # key and chain in one PEM file, as Kafka's PEM keystore reads it
     assert ensure_server_cert(tmp_path, "kafka", ["kafka"]).read_bytes() != before  # another host: renewed
+
+
+def test_every_key_the_feature_engine_writes_is_within_its_redis_users_keys():
+    """The writer's Redis user may touch ``~*<project>`` only: Feast's rows and the engine's progress hash."""
+    import fnmatch
+
+    from streams.features.layout import FeastLayout
+    from streams.features.progress import progress_key
+    from streams.features.spec import load_feature_set
+    from streams.security.acls import redis_rules
+    from streams.topology import load_topology
+
+    topology = load_topology(PM_TOPOLOGY)
+    spec = topology.processors["features"]
+    layout = FeastLayout.of(load_feature_set(topology.path(spec.params["feature_set"])), topology.app)
+    [pattern] = [rule[1:] for rule in redis_rules(topology.app, "writer") if rule.startswith("~")]
+    keys = [progress_key(layout), layout.key("dev-0001")]
+    assert all(fnmatch.fnmatchcase(key.decode("latin-1"), pattern) for key in keys), (pattern, keys)
