@@ -303,6 +303,10 @@ def run_version(stack: StackSettings, run: Run, version: str, console: Console) 
     for name in source_app.processors_of(Kind.INFERENCE):  # one version, no canary or shadow
         overrides[f"processors/{name}/params/model_version"] = version
         overrides[f"processors/{name}/params/routing"] = DELETE
+        # the version asked for, whatever the live registry or degradation switch says (and so nothing to reload)
+        for live in ("params/follow_registry", "params/follow_degradation", "state/hot_reload",
+                     "evolution/rollback_rto_s"):
+            overrides[f"processors/{name}/{live}"] = DELETE
     path = namespaced(Path(run.source_topology), prefix, folder / f"backtest-{prefix}.yaml", overrides)
     topology = load_topology(path)
     apply(topology, stack)

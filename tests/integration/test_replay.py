@@ -43,7 +43,7 @@ def recall(result) -> float:
 @pytest.fixture(scope="module")
 def live(stack, tmp_path_factory):
     """A 'live' topology with 90 s of history from six machines, and a live group with committed offsets."""
-    path, prefix = isolated_topology(tmp_path_factory.mktemp("live"))
+    path, prefix = isolated_topology(tmp_path_factory.mktemp("live"), own_state=True)
     topology = load_topology(path)
     apply(topology, stack)
     rng = np.random.default_rng(3)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_four_steps_measure_against_the_declared_constraints(stack, tmp_path):
-    path, prefix = isolated_topology(tmp_path)
+    path, prefix = isolated_topology(tmp_path, own_state=True)
     # Declare a recovery bound no kill -9 can meet (Kafka needs the session timeout to move partitions).
     path.write_text(path.read_text().replace("  p99_ms: 2000\n", "  p99_ms: 2000\n  recovery_s: 1\n"))
     console = Console(width=200, force_terminal=False)
