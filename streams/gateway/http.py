@@ -45,7 +45,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from streams.gateway.errors import GatewayError
-from streams.gateway.health import add_health
+from streams.gateway.health import add_health, json_errors
 from streams.gateway.identity import CHALLENGE, SEND_A_KEY, Caller, GatewayAuthSettings, caller, follow_keys, \
     stop_following_on_cleanup
 from streams.gateway.quota import Quotas
@@ -217,7 +217,7 @@ def make_app(app_name: str, streams: dict[str, IngestStream], sink: KafkaSink, s
     """
     if keys is None and settings.auth != "none":
         raise GatewayError("the HTTP gateway needs its key ring (auth: api-key), or auth: none on purpose")
-    app = web.Application(client_max_size=settings.max_body_bytes)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
     app[STREAMS] = streams
     app[SINK] = sink
     app[SETTINGS] = settings

@@ -47,7 +47,7 @@ from pydantic_settings import SettingsConfigDict
 from streams.avro import AvroCodec, topic_codec
 from streams.delivery import Output
 from streams.gateway.errors import GatewayError
-from streams.gateway.health import add_health
+from streams.gateway.health import add_health, json_errors
 from streams.gateway.identity import CHALLENGE, SEND_A_KEY, GatewayAuthSettings, caller, follow_keys, \
     stop_following_on_cleanup
 from streams.gateway.quota import Quotas
@@ -179,7 +179,8 @@ def make_app(app_name: str, uploads: dict[str, Upload], sink: KafkaSink, setting
     if keys is None and settings.auth != "none":
         raise GatewayError("the upload gateway needs its key ring (auth: api-key), or auth: none on purpose")
     largest = max(u.spec.max_bytes for u in uploads.values())
-    app = web.Application(client_max_size=largest + 64 * 1024)  # the file and the multipart framing
+    # the file and the multipart framing
+    app = web.Application(client_max_size=largest + 64 * 1024, middlewares=[json_errors])
     app[UPLOAD_SPECS] = uploads
     app[SINK] = sink
     app[SETTINGS] = settings

@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from reference import load_schema
@@ -245,6 +245,8 @@ STATUSES = {200, 400, 401, 403, 404, 413, 415, 429}
 
 @FUZZ
 @given(sequence=st.lists(st.tuples(requests, st.booleans()), max_size=12))
+# the client normalises /v1/streams/./events to a path no route takes: aiohttp's own 404, in JSON too
+@example(sequence=[(("stream", b"{}", "application/json", "."), True)])
 def test_the_http_gateway_answers_every_request_and_loses_no_valid_reading(sequence) -> None:
     sink = MemorySink()
     app = make_app("pm", {"telemetry": stream()}, sink,  # type: ignore[arg-type]

@@ -155,9 +155,10 @@ def test_healthz_answers_without_a_key_while_uploads_still_need_one(tmp_path):
         async with TestClient(TestServer(app)) as client:
             health = await client.get(HEALTH_PATH)
             keyless = await client.post("/v1/uploads/documents", data=b"x", headers={"Content-Type": "text/plain"})
-            return health.status, await health.json(), keyless.status
+            nowhere = await client.get("/v1/nowhere")  # no route: aiohttp's 404, answered in JSON like the rest
+            return health.status, await health.json(), keyless.status, nowhere.status, (await nowhere.json())["error"]
 
-    assert asyncio.run(run()) == (200, {"status": "ok"}, 401)
+    assert asyncio.run(run()) == (200, {"status": "ok"}, 401, 404, "not_found")
     assert sink.outputs == []
 
 
