@@ -130,9 +130,11 @@ class Simulator(ABC):
         """Step 1: a valid event, a malformed one, and the DLQ reason the ingest stage must give the latter."""
 
     @abstractmethod
-    def incident(self, now_ms: int) -> tuple[list[Event], str]:
-        """Step 3: events of one entity (up to ``now_ms``) that must lead to an action on the SLA's sink,
-        and that entity (the action's key)."""
+    def incident(self, start_ms: int) -> tuple[list[list[Event]], str]:
+        """Step 3: the events of one entity from ``start_ms`` on, one list per time step (``rate_hz``), that
+        must lead to an action on the SLA's sink, and that entity (the action's key). Verify sends each step
+        at its own time, as a live source would: history stamped before ``start_ms`` could be late for a
+        partition whose stream time other records (step 1's probe, live traffic) have moved past it."""
 
     @abstractmethod
     def load(self, entities: int) -> Simulator:

@@ -167,11 +167,11 @@ class ServiceHall(Simulator):
                 self._event(bad, "counter-probe", now_ms, flawed(bad, "not_an_image", None), "not_an_image"),
                 REFUSED["not_an_image"])
 
-    def incident(self, now_ms: int) -> tuple[list[Event], str]:
-        doc = self.generator.document(now_ms % 1_000_000 + 1, kind="id_card", forged=True, expired=False,
+    def incident(self, start_ms: int) -> tuple[list[list[Event]], str]:
+        doc = self.generator.document(start_ms % 1_000_000 + 1, kind="id_card", forged=True, expired=False,
                                       conditions=Conditions())
-        doc = replace(doc, doc_id=f"incident-{now_ms}")
-        return [self._event(doc, "counter-probe", now_ms)], doc.doc_id
+        doc = replace(doc, doc_id=f"incident-{start_ms}")
+        return [[self._event(doc, "counter-probe", start_ms)]], doc.doc_id
 
     def load(self, entities: int) -> Simulator:
         return ServiceHall(self.topology, self.settings.model_copy(update={"flawed_share": 0.0}),

@@ -339,13 +339,14 @@ class FleetSimulator(Simulator):
         (key, value), = Fleet([device], self.fleet.hz, seed=self.seed).tick(0, now_ms)
         return Event(key, value, _event_id(value)), Event(key, value[:-9]), "bad_json"  # truncated JSON
 
-    def incident(self, now_ms: int) -> tuple[list[Event], str]:
-        """13 s of a device whose bearing has been wearing for a minute: windows that score bearing_wear."""
+    def incident(self, start_ms: int) -> tuple[list[list[Event]], str]:
+        """13 s of a device whose bearing has been wearing for a minute: at least one whole 5 s window,
+        closed by the readings after it, that scores bearing_wear."""
         device = Device.random(f"verify-{uuid.uuid4().hex[:6]}", self.rng, "bearing_wear", onset_s=-60.0)
         fleet = Fleet([device], self.fleet.hz, seed=int(self.rng.integers(1 << 30)))
-        start_ms, steps = now_ms - 13_000, int(13 * self.fleet.hz)
-        events = [Event(k, v, _event_id(v)) for step in range(steps) for k, v in fleet.tick(step, start_ms)]
-        return events, device.device_id
+        steps = [[Event(k, v, _event_id(v)) for k, v in fleet.tick(step, start_ms)]
+                 for step in range(int(13 * self.fleet.hz))]
+        return steps, device.device_id
 
     def load(self, entities: int) -> "FleetSimulator":
         worn = [Device.random(f"load-w{i}-{uuid.uuid4().hex[:4]}", self.rng, "bearing_wear", onset_s=-60.0)
