@@ -110,6 +110,14 @@ def to_dot(topology: Topology) -> str:
                 if p.dlq == topic:
                     out.append(f'  "p:{n}" -> "dlq" [label="{_esc(topic)}", style=dashed, color="#cc4444", fontcolor="#cc4444"];')
             continue
+        joiners = [f"p:{n}" for n, p in topology.processors.items() if topic in p.tables]
+        if joiners:  # a table: its writers (or producers) fill it, each joiner holds all of it
+            out.append(f'  "t:{topic}" [shape=cylinder, fillcolor="#e3f0ff", label="table\\n{label}"];')
+            for w in writers or ["producers"]:
+                out.append(f'  "{w}" -> "t:{topic}";')
+            for j in joiners:
+                out.append(f'  "t:{topic}" -> "{j}" [label="join", style=dashed, color="#3366aa", fontcolor="#3366aa"];')
+            continue
         writers = writers or (["producers"] if readers else [])
         readers = readers or (["subscribers"] if writers and writers != ["producers"] else [])
         for w in writers:
@@ -143,6 +151,14 @@ def to_mermaid(topology: Topology) -> str:
         writers = [ident[n] for n, p in topology.processors.items() if topic in p.outputs and topic != p.dlq]
         readers = [ident[n] for n, p in topology.processors.items() if topic in p.inputs]
         label = f"{topic}<br/>{spec.schema_ or spec.format}"
+        if joiners := [ident[n] for n, p in topology.processors.items() if topic in p.tables]:
+            table = f't_{len(lines)}[("table {label}")]'
+            for w in writers or ["producers([producers])"]:
+                lines.append(f"  {w} --> {table}")
+                table = table.split("[")[0]
+            for j in joiners:
+                lines.append(f'  {table.split("[")[0]} -.->|"join"| {j}')
+            continue
         if any(p.dlq == topic for p in topology.processors.values()):
             for n, p in topology.processors.items():
                 if p.dlq == topic:

@@ -133,7 +133,7 @@ def diff_rows(a: dict[tuple[str, int], dict], b: dict[tuple[str, int], dict], re
         for field, x in a[k].items():
             y = b[k].get(field)
             if isinstance(x, float) and isinstance(y, float):
-                if not math.isclose(x, y, rel_tol=rel, abs_tol=1e-12):
+                if not math.isclose(x, y, rel_tol=rel, abs_tol=1e-12) and not (math.isnan(x) and math.isnan(y)):
                     problems.append(f"{k} {field}: {x!r} != {y!r}")
             elif x != y:
                 problems.append(f"{k} {field}: {x!r} != {y!r}")

@@ -136,6 +136,9 @@ class ProcessorSpec(_Model):
     kind: str = Field(description="`package.module:Class` implementing streams.delivery.Processor.")
     inputs: list[str] = Field(min_length=1)
     outputs: list[str] = Field(default_factory=list)
+    tables: list[str] = Field(default_factory=list, description="Compacted topics keyed by entity that this processor "
+                                                                "reads whole into local state (every replica all of "
+                                                                "it: a global table) and joins its inputs with.")
     dlq: str | None = None
     group: str | None = Field(None, description="Consumer group; defaults to `<app>.<processor>`.")
     batch_size: int = Field(500, ge=1, le=100_000, description="Most records per micro-batch.")
@@ -245,9 +248,13 @@ class Topology(_Model):
     @model_validator(mode="after")
     def _references_resolve(self) -> "Topology":
         for name, proc in self.processors.items():
-            for topic in [*proc.inputs, *proc.outputs, *([proc.dlq] if proc.dlq else [])]:
+            for topic in [*proc.inputs, *proc.outputs, *proc.tables, *([proc.dlq] if proc.dlq else [])]:
                 if topic not in self.topics:
                     raise ValueError(f"processor {name!r} uses topic {topic!r}, which is not declared under `topics`")
+            for table in proc.tables:
+                if "compact" not in self.topics[table].cleanup_policy or table in proc.inputs:
+                    raise ValueError(f"processor {name!r}: table {table!r} must be a compacted topic (cleanup_policy: "
+                                     "compact), read as a table and not also as an input")
         if self.sla:
             for end in (self.sla.source, self.sla.sink):
                 if end not in self.topics:

@@ -130,13 +130,15 @@ class BatchWindows:
 
     # -- one batch -------------------------------------------------------------------------
     def add(self, entities: np.ndarray, partitions: np.ndarray, ts: np.ndarray, values: np.ndarray, handles: list,
-            reread: np.ndarray | None = None) -> Batch:
+            reread: np.ndarray | None = None, excluded: np.ndarray | None = None) -> Batch:
         """Add a batch of readings (arrival order): ``entities`` from :meth:`ids`, their partitions (each started),
         event times, input values (rows × inputs, NaN = missing), and each reading's handle.
 
         ``reread`` marks the readings processed before a restart (below the offset its progress recorded):
         those of windows still open rebuild them; the others were counted in a window emitted before, or
         dead-lettered then, and are left out as re-reads rather than called late.
+        ``excluded`` marks readings that move their partition's stream time and are judged late or not, but
+        join no window (an entity table's filter left them out of the stream).
         """
         n = len(ts)
         if n == 0:
@@ -157,6 +159,8 @@ class BatchWindows:
         refused = np.empty(n, dtype=bool)
         refused[order] = ~takes.any(axis=1)
         again = refused & reread if reread is not None else np.zeros(n, dtype=bool)
+        if excluded is not None:
+            takes &= ~excluded[order][:, None]
         self._join(entities[order], part, candidates, takes, order, t, values, handles)
         tails = np.append(head[1:], n) - 1
         closed = []

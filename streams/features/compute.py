@@ -50,7 +50,7 @@ def _stat(col: np.ndarray, stat: str) -> float:
 
 def compute_window(fs: FeatureSet, values: np.ndarray, hz: float | None = None) -> dict[str, float]:
     """Features of one window. ``values`` has shape (samples, len(fs.inputs)), in event-time order;
-    NaN marks a missing value. Keys are ``fs.feature_names``, in order."""
+    NaN marks a missing value. Keys are ``fs.aggregate_names``, in order (a table's attributes join later)."""
     values = np.asarray(values, dtype=np.float64).reshape(-1, len(fs.inputs))
     hz = fs.sample_hz if hz is None else hz
     present = ~np.isnan(values)
@@ -74,7 +74,7 @@ def compute_windows(fs: FeatureSet, values: np.ndarray, bounds: np.ndarray, hz: 
 
     Window ``i`` holds the readings ``values[bounds[i]:bounds[i + 1]]`` (shape rows × ``len(fs.inputs)``,
     event-time order, NaN for a missing value, at least one reading each). Returns one row per window,
-    ``fs.feature_names`` in order; each row is ``compute_window`` of its window up to rounding (the sums
+    ``fs.aggregate_names`` in order; each row is ``compute_window`` of its window up to rounding (the sums
     run in another order: within 1e-12 relative).
     """
     values = np.asarray(values, dtype=np.float64).reshape(-1, len(fs.inputs))
@@ -86,7 +86,7 @@ def compute_windows(fs: FeatureSet, values: np.ndarray, bounds: np.ndarray, hz: 
     present = ~np.isnan(values)
     seen = np.add.reduceat(present.astype(np.float64), starts, axis=0) if windows else np.zeros((0, values.shape[1]))
     seen_or_one = np.maximum(seen, 1.0)
-    out = np.empty((windows, len(fs.feature_names)))
+    out = np.empty((windows, len(fs.aggregate_names)))
     column = 0
     for agg in fs.aggregations:
         idx = [fs.inputs.index(i) for i in agg.inputs]

@@ -37,6 +37,7 @@ from streams.wire import WireFormatError
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_INGEST_MS, Output, Processor, Record, carry_headers, dead_letter
 from streams.features.batch import BatchWindows, Closed
+from streams.features.enrich import Join
 from streams.errors import TopologyError
 from streams.features.layout import FeastLayout
 from streams.features.online import OnlineWriter
@@ -44,6 +45,7 @@ from streams.features.progress import REREAD, Progress
 from streams.features.shadow import ShadowComparator
 from streams.features.shadow import encode as encode_difference
 from streams.features.spec import FeatureSet, load_feature_set
+from streams.features.table import TableFollower, VersionedTable
 from streams.resilience import REDIS_FAILURES, Guard
 from streams.topology import Topology
 
@@ -88,7 +90,8 @@ class WindowFeatures(Processor):
                  dlq_topic: str,
                  redis_url: str, settings: WindowFeaturesSettings, feature_set: FeatureSet,
                  shadow_feature_set: FeatureSet | None = None, shadow_topic: str | None = None,
-                 project: str = "tangram", redis_guard: Guard | None = None):
+                 project: str = "tangram", redis_guard: Guard | None = None,
+                 table: tuple[VersionedTable, TableFollower | None] | None = None):
         self.input_codec = input_codec
         self.output_codec = output_codec
         self.output_topic = output_topic
@@ -108,6 +111,10 @@ class WindowFeatures(Processor):
         self.shadow_topic = shadow_topic
         self.shadow = ShadowComparator(self.fs, shadow_feature_set, self.name) if shadow_feature_set else None
         self._differences = 0
+        if (table is None) != (self.fs.enrichment is None):
+            raise TopologyError(f"feature set {self.fs.name!r}: an entity table is given iff it declares `enrichment:`")
+        self.join = Join(self.fs, table[0], self.name) if table else None
+        self.follower = table[1] if table else None
 
     @classmethod
     def build(cls, ctx: BuildContext) -> WindowFeatures:
@@ -119,17 +126,40 @@ class WindowFeatures(Processor):
         if len(outputs) != 1:
             raise TopologyError(f"processor {ctx.name!r}: expected one features output besides the shadow topic")
         shadow = settings.shadow_feature_set
+        fs = load_feature_set(ctx.topology.path(settings.feature_set))
         return cls(input_codec=ctx.codec(source), output_codec=ctx.codec(outputs[0]), source_topic=source,
                    output_topic=outputs[0],
-                   dlq_topic=ctx.dlq, redis_url=ctx.stack.redis_url, settings=settings,
-                   feature_set=load_feature_set(ctx.topology.path(settings.feature_set)),
+                   dlq_topic=ctx.dlq, redis_url=ctx.stack.redis_url, settings=settings, feature_set=fs,
                    shadow_feature_set=load_feature_set(ctx.topology.path(shadow)) if shadow else None,
                    shadow_topic=settings.shadow_topic, project=ctx.topology.app,
-                   redis_guard=ctx.calls.guard("redis", REDIS_FAILURES))
+                   redis_guard=ctx.calls.guard("redis", REDIS_FAILURES), table=cls._table(ctx, fs))
+
+    @staticmethod
+    def _table(ctx: BuildContext, fs: FeatureSet) -> tuple[VersionedTable, TableFollower] | None:
+        """The entity table the feature set joins, and its follower (restored in :meth:`setup`)."""
+        if fs.enrichment is None:
+            return None
+        topic = fs.enrichment.table
+        if topic not in ctx.spec.tables:
+            raise TopologyError(f"processor {ctx.name!r}: feature set {fs.name!r} joins {topic!r}; declare it "
+                                f"under the processor's `tables:`")
+        if ctx.topology.topics[topic].schema_ != fs.enrichment.schema_:
+            raise TopologyError(f"feature set {fs.name!r}: table {topic!r} carries "
+                                f"{ctx.topology.topics[topic].schema_!r}, not {fs.enrichment.schema_!r}")
+        table_codec = ctx.codec(topic)
+        fields = {f["name"] for f in ctx.topology.schema(fs.enrichment.schema_)["fields"]}
+        if lacking := [a for a in fs.enrichment.used if a not in fields]:
+            raise TopologyError(f"feature set {fs.name!r}: table {topic!r} has no attribute(s) {lacking}")
+        table = VersionedTable(fs.enrichment.used)
+        kafka = ctx.stack.kafka.config({"group.id": ctx.topology.group(ctx.name)})
+        return table, TableFollower(kafka, topic, table_codec.decode, table)
 
     def setup(self) -> None:
         self.progress.processor = self.name  # the name the topology gave this processor (set after __init__)
         self.store.setup()
+        if self.follower is not None:  # the whole table before the first reading joins it
+            self.follower.restore()
+            self.follower.start()
 
     def ready(self) -> bool:
         return self.store.ready()
@@ -150,11 +180,20 @@ class WindowFeatures(Processor):
         reread = self.progress.reread(partitions, offsets)
         ts = np.asarray(columns[ts_field], dtype=np.int64)
         values = np.column_stack([columns[name] for name in fs.inputs])
-        result = windows.add(windows.ids(entities), partitions, ts, values, records, reread)
         self.progress.advance(partitions, offsets)
         now = time.monotonic()
         for partition in np.unique(partitions).tolist():
             self._heard[partition] = now
+        verdicts = self.join.readings(entities, ts, values) if self.join is not None else None
+        result = windows.add(windows.ids(entities), partitions, ts, values, records, reread,
+                             excluded=None if verdicts is None or verdicts.keep.all() else ~verdicts.keep)
+        if verdicts is not None:  # what a re-read after a restart decided was counted and dead-lettered then
+            told = result.late if reread is None else result.late | reread
+            self.join.count(verdicts, told)
+            for i in np.flatnonzero(verdicts.unknown & ~told).tolist():
+                outputs.append(dead_letter(records[i], self.dlq_topic, self.name,
+                                           f"{key} {entities[i]} has no version in table {self.join.spec.table} "
+                                           f"at {int(ts[i])}", "unknown_entity"))
         if again := int(result.reread.sum()):
             REREAD.labels(self.name).inc(again)
         for i in np.flatnonzero(result.late).tolist():
@@ -162,6 +201,9 @@ class WindowFeatures(Processor):
             outputs.append(dead_letter(records[i], self.dlq_topic, self.name,
                                        f"reading at {int(ts[i])} is late: its windows are already closed", "late"))
         if self.shadow is not None:
+            if verdicts is not None and not verdicts.keep.all():  # the shadow version sees the stream the live one does
+                kept = np.flatnonzero(verdicts.keep)
+                records, entities, ts, values = [records[i] for i in kept], [entities[i] for i in kept], ts[kept], values[kept]
             self._shadow(records, entities, ts, values, outputs)
         if result.closed:
             outputs.extend(self._emit(result.closed))
@@ -217,6 +259,8 @@ class WindowFeatures(Processor):
         """The output records of the windows a batch closed (one batch encode), staged for the online store."""
         fs = self.fs
         counts, features = self.windows.features(closed)
+        if self.join is not None:
+            features = np.hstack([features, self.join.attributes([(c.entity, c.start) for c in closed])])
         starts = np.fromiter((c.start for c in closed), dtype=np.int64, count=len(closed))
         columns = {fs.entity.join_key: [c.entity for c in closed], "window_start": starts,
                    "window_end": starts + fs.window.size_ms, "count": counts,
@@ -275,4 +319,6 @@ class WindowFeatures(Processor):
         self._heard = {p: t for p, t in self._heard.items() if p not in gone}
 
     def close(self) -> None:
+        if self.follower is not None:
+            self.follower.close()
         self.store.close()

@@ -118,6 +118,9 @@ def broker_credentials() -> faust.SASLCredentials | None:
 def build_app(args: argparse.Namespace) -> faust.App:
     """The Faust app of one feature set: source agent, state table, output and DLQ topics."""
     fs = load_feature_set(args.feature_set)
+    if fs.enrichment is not None:
+        raise SystemExit(f"feature set {fs.name}: the Faust job does not join the entity table "
+                         f"{fs.enrichment.table!r}; run this feature set on the embedded engine")
     in_codec = codec(args.registry, fs.source.schema_)  # the contracts as `tangram apply` registered them
     out_codec = codec(args.registry, fs.output.schema_)
     store = OnlineWriter(args.redis, FeastLayout.of(fs, args.project))

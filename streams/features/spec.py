@@ -12,6 +12,7 @@ This module imports only pydantic and PyYAML: the Flink job environment loads it
 
 from __future__ import annotations
 
+import re
 from functools import cache, cached_property
 from pathlib import Path
 from typing import Literal
@@ -103,6 +104,64 @@ class Aggregation(_Model):
         return [f"{self.inputs[0]}_band_energy"]
 
 
+class TableAttribute(_Model):
+    """A table attribute appended to the feature vector: a number as it is, or a category one-hot over
+    ``one_hot`` (in that order; a value outside it is all zeros)."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    one_hot: tuple[str, ...] | None = Field(None, min_length=1)
+    range_: tuple[float, float] | None = Field(None, alias="range", description="Valid range of a number.")
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    def names(self) -> list[str]:
+        if self.one_hot is None:
+            return [self.name]
+        return [f"{self.name}_{re.sub(r'[^a-z0-9]+', '_', v.lower()).strip('_')}" for v in self.one_hot]
+
+    def encode(self, value: object) -> list[float]:
+        if self.one_hot is None:
+            return [float("nan") if value is None else float(value)]  # type: ignore[arg-type]
+        return [1.0 if value == v else 0.0 for v in self.one_hot]
+
+
+class EnrichmentSpec(_Model):
+    """The entity's table joined to each reading and window (Kafka Streams' KStream–KTable join, by event time).
+
+    The table is a compacted topic keyed by the entity (the processor's ``tables:``); a record's Kafka
+    timestamp is when its version takes effect, a tombstone removes the entity from then on. A reading
+    joins the version in effect at its event time; a window's attributes are those in effect at its last
+    instant (``window_end - 1``), so a replay joins the same versions.
+    """
+
+    table: str = Field(description="The table topic (compacted, Avro value), one of the processor's `tables:`.")
+    schema_: str = Field(alias="schema", description="Avro subject of the table's values.")
+    keep: dict[str, tuple[str | int | float | bool, ...]] = Field(
+        default_factory=dict, description="Attribute → the values a reading's entity must have; other readings "
+                                          "leave the stream, counted by attribute and value.")
+    fill: dict[str, str] = Field(default_factory=dict, description="Input → the attribute whose value a null "
+                                                                   "reading of it takes (a rated or last good value).")
+    attributes: tuple[TableAttribute, ...] = Field((), description="Appended to the feature vector, in this order.")
+    missing: Literal["dead_letter", "defaults"] = Field(
+        "dead_letter", description="An entity with no version in effect: dead-lettered (reason `unknown_entity`), "
+                                   "or joined with `defaults`.")
+    defaults: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _defaults_cover(self) -> EnrichmentSpec:
+        used = {*self.keep, *self.fill.values(), *(a.name for a in self.attributes)}
+        if self.missing == "defaults" and (lacking := sorted(used - set(self.defaults))):
+            raise ValueError(f"missing: defaults needs a default for every attribute used; none for {lacking}")
+        return self
+
+    @property
+    def used(self) -> tuple[str, ...]:
+        """Every table attribute the join reads."""
+        return tuple(dict.fromkeys([*self.keep, *self.fill.values(), *(a.name for a in self.attributes)]))
+
+
 class OnlineSpec(_Model):
     ttl_s: int = Field(3600, ge=1, description="How long an entity's features live in the online store.")
 
@@ -123,6 +182,7 @@ class FeatureSet(_Model):
     aggregations: tuple[Aggregation, ...] = Field(min_length=1)
     ranges: dict[str, tuple[float, float]] = Field(default_factory=dict, description="Valid range of each input.")
     online: OnlineSpec = OnlineSpec()
+    enrichment: EnrichmentSpec | None = Field(None, description="The entity table joined to readings and windows.")
 
     @model_validator(mode="after")
     def _consistent(self) -> FeatureSet:
@@ -136,12 +196,24 @@ class FeatureSet(_Model):
         for name, (lo, hi) in self.ranges.items():
             if name not in self.inputs or lo > hi:
                 raise ValueError(f"range of {name!r}: not a declared input, or low > high")
+        if self.enrichment and (unknown := sorted(set(self.enrichment.fill) - set(self.inputs))):
+            raise ValueError(f"enrichment fills {unknown}, which are not declared inputs")
         return self
 
     @cached_property
-    def feature_names(self) -> tuple[str, ...]:
-        """The features of one window, in the order of the model's input vector."""
+    def aggregate_names(self) -> tuple[str, ...]:
+        """The features the window aggregations compute, in order."""
         return tuple(n for agg in self.aggregations for n in agg.names())
+
+    @cached_property
+    def attribute_names(self) -> tuple[str, ...]:
+        """The encoded table attributes appended after them (none without ``enrichment``)."""
+        return tuple(n for a in (self.enrichment.attributes if self.enrichment else ()) for n in a.names())
+
+    @cached_property
+    def feature_names(self) -> tuple[str, ...]:
+        """The features of one window, in the order of the model's input vector: aggregates, then attributes."""
+        return self.aggregate_names + self.attribute_names
 
     def vector(self, features: dict[str, float]) -> list[float]:
         """A model's input vector from a feature dict: the values in ``feature_names`` order."""
@@ -166,6 +238,9 @@ class FeatureSet(_Model):
             else:
                 for n in agg.names():
                     out[n] = agg.range_ or (float("-inf"), float("inf"))
+        for attr in self.enrichment.attributes if self.enrichment else ():
+            bounds = (0.0, 1.0) if attr.one_hot else attr.range_ or (float("-inf"), float("inf"))
+            out.update({n: bounds for n in attr.names()})
         return out
 
 

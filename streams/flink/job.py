@@ -113,6 +113,65 @@ def source_ddl(fs: FeatureSet, topic: str, bootstrap: str, registry: str, group:
             f"WATERMARK FOR et AS et - {_interval(w.allowed_lateness_ms + 1)}) WITH ({_with(options)})")
 
 
+_SQL_TYPES = {"string": "STRING", "double": "DOUBLE", "float": "FLOAT", "int": "INT", "long": "BIGINT",
+              "boolean": "BOOLEAN"}
+
+
+def _sql_type(avro: object) -> str:
+    """The Flink SQL type of an Avro field type (a union with null: its other branch; a logical type: its base)."""
+    if isinstance(avro, list):
+        (avro,) = [t for t in avro if t != "null"]
+    if isinstance(avro, dict):
+        avro = avro["type"]
+    if avro not in _SQL_TYPES:
+        raise SystemExit(f"an entity table attribute of Avro type {avro!r}: only {sorted(_SQL_TYPES)} can be joined")
+    return _SQL_TYPES[str(avro)]
+
+
+def table_ddl(fs: FeatureSet, topic: str, table_schema: dict, bootstrap: str, registry: str, bounded: bool,
+              security: KafkaSecurity | None = None) -> list[str]:
+    """The entity table as a versioned view: the topic read as the log of its versions (each in effect from its
+    record's Kafka timestamp, a tombstone a version with no attributes), the used attributes decoded in the JVM,
+    and the newest version per entity by that time (Flink's versioned view over a deduplication). Not
+    upsert-kafka: its changelog normalisation gives a tombstone's delete the time of the version it ends,
+    which would end the entity from the start. An idle table does not hold the readings
+    (``scan.watermark.idle-timeout``)."""
+    assert fs.enrichment is not None
+    types = {f["name"]: _sql_type(f["type"]) for f in table_schema["fields"]}
+    if lacking := [a for a in fs.enrichment.used if a not in types]:
+        raise SystemExit(f"feature set {fs.name}: table {topic!r} has no attribute(s) {lacking}")
+    row = f"ROW<{', '.join(f'`{a}` {types[a]}' for a in fs.enrichment.used)}>"
+    options = {"connector": "kafka", "topic": topic, **_connection(bootstrap, security or KafkaSecurity()),
+               "key.format": "raw", "key.fields": "k", "value.format": "raw", "value.fields-include": "EXCEPT_KEY",
+               "scan.startup.mode": "earliest-offset", "scan.watermark.idle-timeout": "1 s"}
+    if bounded:
+        options["scan.bounded.mode"] = "latest-offset"
+    log_ddl = (f"CREATE TEMPORARY TABLE entity_log (k STRING, v BYTES, "
+               f"vt TIMESTAMP_LTZ(3) METADATA FROM 'timestamp', "
+               f"a AS CONFLUENT_AVRO(v, '{_quote(row)}', '{_quote(registry)}'), "
+               f"WATERMARK FOR vt AS vt) WITH ({_with(options)})")
+    versioned = ("CREATE TEMPORARY VIEW entity_table AS SELECT k, a, vt FROM (SELECT k, a, vt, ROW_NUMBER() OVER "
+                 "(PARTITION BY k ORDER BY vt DESC) AS version FROM entity_log) WHERE version = 1")
+    return [log_ddl, versioned]
+
+
+def _literal(value: object) -> str:
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, (int, float)):
+        return repr(float(value)) if isinstance(value, float) else str(value)
+    return f"'{_quote(str(value))}'"
+
+
+def _attribute(fs: FeatureSet, name: str, table: str) -> str:
+    """An attribute of the version joined as ``table`` (``<table>.a``), its default in its place when declared."""
+    assert fs.enrichment is not None
+    column = f"{table}.a.`{name}`"
+    if fs.enrichment.missing == "defaults" and fs.enrichment.defaults.get(name) is not None:
+        return f"COALESCE({column}, {_literal(fs.enrichment.defaults[name])})"
+    return column
+
+
 def sink_ddl(name: str, topic: str, bootstrap: str, value: dict[str, str], columns: str, exactly_once: bool,
              security: KafkaSecurity | None = None) -> str:
     options = {"connector": "kafka", "topic": topic, **_connection(bootstrap, security or KafkaSecurity()),
@@ -135,6 +194,23 @@ def queries(fs: FeatureSet, source_topic: str, online: bool) -> list[str]:
     late = f"ts - MOD(ts, {w.size_ms}) + {w.size_ms + w.allowed_lateness_ms} <= stream_time"
     columns = ", ".join(f"r.`{name}` AS `{name}`" for name in fs.inputs)
     accepted = f"SELECT r.`{key}` AS `{key}`, et, ts, headers, {columns} FROM readings WHERE NOT ({late})"
+    enrichment, views = fs.enrichment, []
+    if enrichment is not None:
+        # lateness first, as the embedded engine decides it; then each reading joins the version of its entity in
+        # effect at its event time (an event-time temporal join), is dead-lettered unknown, filtered, or filled
+        on_time = (f"SELECT k, v, headers, p, o, r.`{key}` AS `{key}`, et, ts, {columns} "
+                   f"FROM readings WHERE NOT ({late})")
+        unknown = "FALSE" if enrichment.missing == "defaults" else "t.a IS NULL"  # none yet, or a tombstone
+        kept = " AND ".join(f"{_attribute(fs, name, 't')} IN ({', '.join(_literal(v) for v in values)})"
+                            for name, values in enrichment.keep.items()) or "TRUE"
+        filled = ", ".join(f"COALESCE(o.`{name}`, CAST({_attribute(fs, enrichment.fill[name], 't')} AS DOUBLE)) "
+                           f"AS `{name}`" if name in enrichment.fill else f"o.`{name}`" for name in fs.inputs)
+        views.append(f"CREATE TEMPORARY VIEW on_time AS {on_time}")
+        views.append(f"CREATE TEMPORARY VIEW joined AS SELECT o.k, o.v, o.headers, o.p, o.o, o.`{key}`, o.et, o.ts, "
+                     f"{filled}, {unknown} AS `unknown_entity`, COALESCE({kept}, FALSE) AS `kept` FROM on_time AS o "
+                     f"LEFT JOIN entity_table FOR SYSTEM_TIME AS OF o.et AS t ON o.`{key}` = t.k")
+        inputs = ", ".join(f"`{name}`" for name in fs.inputs)
+        accepted = f"SELECT `{key}`, et, ts, headers, {inputs} FROM joined WHERE NOT `unknown_entity` AND `kept`"
     selects = [f"`{key}`", "window_start", "window_end", "COUNT(*) AS `count`"]
     for agg in fs.aggregations:
         if agg.kind == "missing_rate":
@@ -155,6 +231,20 @@ def queries(fs: FeatureSet, source_topic: str, online: bool) -> list[str]:
                 "LAST_VALUE(headers['trace_id']) AS trace_id", "LAST_VALUE(headers['ingest_ms']) AS ingest_ms"]
     windows = (f"SELECT {', '.join(selects)} FROM TABLE(TUMBLE(TABLE accepted_readings, DESCRIPTOR(et), "
                f"{_interval(w.size_ms)})) GROUP BY `{key}`, window_start, window_end")
+    if enrichment is not None:
+        # each window with the attributes in effect at its last instant (window_time: its end minus 1 ms)
+        encoded = []
+        for attribute in enrichment.attributes:
+            value = _attribute(fs, attribute.name, "t")
+            if attribute.one_hot is None:
+                encoded.append(f"COALESCE(CAST({value} AS DOUBLE), CAST('NaN' AS DOUBLE)) AS `{attribute.name}`")
+            else:
+                encoded += [f"CASE WHEN {value} = {_literal(v)} THEN 1.0 ELSE 0.0 END AS `{n}`"
+                            for v, n in zip(attribute.one_hot, attribute.names())]
+        timed = (f"SELECT {', '.join(selects)}, window_time FROM TABLE(TUMBLE(TABLE accepted_readings, "
+                 f"DESCRIPTOR(et), {_interval(w.size_ms)})) GROUP BY `{key}`, window_start, window_end, window_time")
+        windows = (f"SELECT w.*, {', '.join(encoded)} FROM ({timed}) AS w "
+                   f"LEFT JOIN entity_table FOR SYSTEM_TIME AS OF w.window_time AS t ON w.`{key}` = t.k")
     start, end = "start_ms", f"start_ms + {w.size_ms}"
     features = ", ".join(f"`{n}`" for n in fs.feature_names)
     count = f"online_store(`{key}`, {start}, {end}, `count`, {features})" if online else "`count`"
@@ -174,9 +264,13 @@ def queries(fs: FeatureSet, source_topic: str, online: bool) -> list[str]:
                 f"' is late: its windows are already closed') AS message FROM readings WHERE {late} "
                 f"UNION ALL SELECT k, v, headers, p, o, 'undecodable' AS reason, "
                 f"'not Confluent-framed Avro of the source schema' AS message FROM source WHERE r IS NULL")
+    if enrichment is not None:  # the embedded engine's words: <key> <entity> has no version in table <t> at <ts>
+        rejected += (" UNION ALL SELECT k, v, headers, p, o, 'unknown_entity' AS reason, "
+                     f"CONCAT('{key} ', `{key}`, ' has no version in table {_quote(enrichment.table)} at ', "
+                     "CAST(ts AS STRING)) AS message FROM joined WHERE `unknown_entity`")
     insert_dlq = f"INSERT INTO dlq SELECT k, v, MAP_UNION(headers, {dead}) FROM ({rejected})"
-    return [f"CREATE TEMPORARY VIEW readings AS {readings}", f"CREATE TEMPORARY VIEW accepted_readings AS {accepted}",
-            insert_features, insert_dlq]
+    return [f"CREATE TEMPORARY VIEW readings AS {readings}", *views,
+            f"CREATE TEMPORARY VIEW accepted_readings AS {accepted}", insert_features, insert_dlq]
 
 
 def build_job(t_env: TableEnvironment, args: argparse.Namespace) -> None:
@@ -198,6 +292,10 @@ def build_job(t_env: TableEnvironment, args: argparse.Namespace) -> None:
         t_env.create_temporary_function("online_store", online_store_function(fs, args.redis, args.project))
     t_env.execute_sql(source_ddl(fs, source_topic, args.bootstrap, args.registry, args.group, args.bounded,
                                  security))
+    if fs.enrichment is not None:
+        for statement in table_ddl(fs, args.table or fs.enrichment.table, registry.latest(fs.enrichment.schema_),
+                                   args.bootstrap, args.registry, args.bounded, security):
+            t_env.execute_sql(statement)
     # NOT NULL: the contract's fields are (Flink checks the table against the schema it is given)
     fields = [f"`{fs.entity.join_key}` STRING NOT NULL", "window_start TIMESTAMP(3) NOT NULL",
               "window_end TIMESTAMP(3) NOT NULL", "`count` INT NOT NULL", *(f"`{n}` DOUBLE NOT NULL" for n in fs.feature_names)]
@@ -229,6 +327,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--feature-set", required=True, help="Feature-set declaration (YAML).")
     p.add_argument("--source", help="Input topic (default: the feature set's).")
     p.add_argument("--output", help="Output topic (default: the feature set's).")
+    p.add_argument("--table", help="The entity table's topic (default: the feature set's `enrichment.table`).")
     p.add_argument("--dlq", required=True, help="Dead-letter topic for late and undecodable readings.")
     p.add_argument("--group", default="pm.features-flink", help="Consumer group of the source.")
     p.add_argument("--redis", help="Online store (Feast's Redis layout), e.g. redis://127.0.0.1:6379/0; none: not written.")

@@ -90,7 +90,7 @@ def gateway_principal(topology: Topology) -> str:
 def processor_grants(topology: Topology, name: str) -> list[Grant]:
     spec = topology.processors[name]
     who = processor_principal(topology, name)
-    grants = [Grant(who, "topic", t, ("READ", "DESCRIBE")) for t in dict.fromkeys(spec.inputs)]
+    grants = [Grant(who, "topic", t, ("READ", "DESCRIBE")) for t in dict.fromkeys([*spec.inputs, *spec.tables])]
     grants.append(Grant(who, "group", topology.group(name), ("READ", "DESCRIBE")))
     written = [*spec.outputs, *([spec.dlq] if spec.dlq else [])]
     grants += [Grant(who, "topic", t, ("WRITE", "DESCRIBE")) for t in dict.fromkeys(written)]

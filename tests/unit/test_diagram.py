@@ -43,3 +43,20 @@ def test_render_writes_svg_png_and_mermaid(tmp_path):
     assert [p.suffix for p in paths] == [".svg", ".png", ".mmd"]
     assert "<svg" in paths[0].read_text()
     assert paths[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_table_a_processor_joins_is_drawn_as_a_table_with_its_join():
+    import yaml
+    from reference import PM
+    from streams.topology import Topology
+
+    doc = yaml.safe_load((PM / "topology.yaml").read_text())
+    doc["root"] = str(PM)
+    doc["topics"]["pm.devices"] = {"schema": "pm.devices-value", "cleanup_policy": "compact"}
+    doc["processors"]["features"]["tables"] = ["pm.devices"]
+    topology = Topology.model_validate(doc)
+    dot = to_dot(topology)
+    assert '"t:pm.devices" [shape=cylinder' in dot and "table\\npm.devices" in dot
+    assert '"producers" -> "t:pm.devices"' in dot
+    assert '"t:pm.devices" -> "p:features" [label="join"' in dot
+    assert '-.->|"join"| p_1' in to_mermaid(topology)  # features is the second processor
