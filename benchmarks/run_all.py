@@ -34,6 +34,8 @@ STEPS: list[tuple[str, list[str], list[str]]] = [
      ["--sizes", "64,256", "--rows", "5000", "--exactly-once", "256"]),
     ("bench_features.py", ["--devices", "200", "--seconds", "250", "--faust", "--flink"],
      ["--devices", "20", "--seconds", "60", "--faust"]),
+    ("bench_enrichment.py", ["--devices", "200", "--seconds", "250", "--entities", "100000"],
+     ["--devices", "20", "--seconds", "30", "--entities", "5000"]),
     ("bench_rules.py", ["--records", "500000", "--devices", "100000"], ["--records", "20000", "--devices", "2000"]),
     ("bench_replay.py", ["--minutes", "60"], ["--minutes", "2"]),
     ("bench_e2e.py", ["--readings", "1000000", "--devices", "200"], ["--readings", "60000", "--devices", "100"]),

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from bisect import bisect_right
+from sys import intern
 from collections.abc import Callable
 from typing import Any
 
@@ -47,20 +48,24 @@ class VersionedTable:
     def __init__(self, fields: tuple[str, ...], keep_versions: int = KEEP_VERSIONS):
         self.fields = fields
         self.keep = keep_versions
-        self._versions: dict[str, tuple[list[int], list[tuple | None]]] = {}
+        self._versions: dict[str, tuple[tuple[int, ...], tuple[tuple | None, ...]]] = {}
 
     def put(self, entity: str, effective_ms: int, record: dict[str, Any] | None) -> None:
         """A version of ``entity`` from ``effective_ms`` on (``record`` None: a tombstone)."""
-        value = None if record is None else tuple(record.get(f) for f in self.fields)
+        # the attribute values interned (a fleet repeats its sites and statuses: one string each, not one per entity)
+        value = None if record is None else tuple(intern(v) if isinstance(v, str) else v
+                                                  for v in (record.get(f) for f in self.fields))
         old_times, old_values = self._versions.get(entity, ((), ()))
-        times, values = list(old_times), list(old_values)  # new lists, swapped in at once: the engine reads
-        i = bisect_right(times, effective_ms)               # on another thread than the follower writes
+        times, values = list(old_times), list(old_values)
+        i = bisect_right(times, effective_ms)
         if i and times[i - 1] == effective_ms:
             values[i - 1] = value  # the same instant written again: the newer write wins
         else:
             times.insert(i, effective_ms)
             values.insert(i, value)
-        self._versions[entity] = (times[-self.keep:], values[-self.keep:])
+        # new tuples swapped in at once (the engine reads on another thread than the follower writes), and
+        # smaller than lists: most entities have one version
+        self._versions[intern(entity)] = (tuple(times[-self.keep:]), tuple(values[-self.keep:]))
 
     def at(self, entity: str, ts: int) -> tuple | None:
         """The attributes of ``entity`` in effect at event time ``ts``; None when it has none then."""
@@ -86,8 +91,10 @@ class TableFollower:
         self.decode = decode
         self.table = table
         self.restore_timeout_s = restore_timeout_s
+        # a small fetch queue: the table is read once whole, then a trickle of updates
         self.consumer = Consumer({**kafka_config, "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                                  "enable.partition.eof": False})
+                                  "enable.partition.eof": False, "queued.max.messages.kbytes": 4096,
+                                  "fetch.max.bytes": 4 * 1024 * 1024})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
