@@ -139,10 +139,13 @@ class WindowFeatures(Processor):
         """The entity table the feature set joins, and its follower (restored in :meth:`setup`)."""
         if fs.enrichment is None:
             return None
-        topic = fs.enrichment.table
-        if topic not in ctx.spec.tables:
-            raise TopologyError(f"processor {ctx.name!r}: feature set {fs.name!r} joins {topic!r}; declare it "
-                                f"under the processor's `tables:`")
+        # the processor's table, as its inputs and outputs are its topics (a namespaced copy renames them all);
+        # the feature set's name picks one when it declares several
+        tables = ctx.spec.tables
+        topic = fs.enrichment.table if fs.enrichment.table in tables else tables[0] if len(tables) == 1 else None
+        if topic is None:
+            raise TopologyError(f"processor {ctx.name!r}: feature set {fs.name!r} joins {fs.enrichment.table!r}; "
+                                f"declare the table under the processor's `tables:` (it has {tables or 'none'})")
         if ctx.topology.topics[topic].schema_ != fs.enrichment.schema_:
             raise TopologyError(f"feature set {fs.name!r}: table {topic!r} carries "
                                 f"{ctx.topology.topics[topic].schema_!r}, not {fs.enrichment.schema_!r}")

@@ -134,7 +134,9 @@ class EnrichmentSpec(_Model):
     instant (``window_end - 1``), so a replay joins the same versions.
     """
 
-    table: str = Field(description="The table topic (compacted, Avro value), one of the processor's `tables:`.")
+    table: str = Field(description="The table topic (compacted, Avro value): what the Flink job reads by default; "
+                                   "the embedded engine joins its processor's one `tables:` topic (this one among "
+                                   "several).")
     schema_: str = Field(alias="schema", description="Avro subject of the table's values.")
     keep: dict[str, tuple[str | int | float | bool, ...]] = Field(
         default_factory=dict, description="Attribute → the values a reading's entity must have; other readings "

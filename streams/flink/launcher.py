@@ -93,8 +93,8 @@ def fetch_jars(settings: StackSettings) -> list[Path]:
 
 
 def job_argv(settings: StackSettings, *, feature_set: str, dlq: str, group: str, source: str | None = None,
-             output: str | None = None, bounded: bool = False, online_project: str | None = None,
-             parallelism: int = 1) -> list[str]:
+             output: str | None = None, table: str | None = None, bounded: bool = False,
+             online_project: str | None = None, parallelism: int = 1) -> list[str]:
     """The command line of the Flink job against ``settings``'s stack (and its Redis when ``online_project``)."""
     argv = [str(flink_python()), "-m", "streams.flink.job", "--bootstrap", settings.bootstrap_servers,
             "--registry", settings.registry_url, "--dlq", dlq, "--group", group, "--feature-set", feature_set]
@@ -102,7 +102,7 @@ def job_argv(settings: StackSettings, *, feature_set: str, dlq: str, group: str,
         argv += ["--jar", str(jar)]
     if online_project:
         argv += ["--redis", settings.redis_url, "--project", online_project]
-    for flag, value in (("--source", source), ("--output", output)):
+    for flag, value in (("--source", source), ("--output", output), ("--table", table)):
         if value:
             argv += [flag, value]
     return argv + ["--parallelism", str(parallelism)] + (["--bounded"] if bounded else [])

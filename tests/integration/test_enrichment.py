@@ -48,7 +48,8 @@ def enriched_topology(tmp_path, prefix_path, idle_partition_s: float | None = No
     fs = yaml.safe_load((REPO / "topologies" / "predictive_maintenance" / "features" / "device_window.yaml").read_text())
     table = f"{prefix}.devices"
     fs["output"]["schema"] = ENRICHED
-    fs["enrichment"] = {"table": table, "schema": "pm.devices-value", "keep": {"status": ["online"]},
+    # the table by the reference app's name, as the source and output: the processor's own (`tables:`) is joined
+    fs["enrichment"] = {"table": "pm.devices", "schema": "pm.devices-value", "keep": {"status": ["online"]},
                         "fill": {"temperature": "rated_temperature"},
                         "attributes": [{"name": "site", "one_hot": ["plant-a", "plant-b"]}, {"name": "rated_rpm"}]}
     (tmp_path / "enriched.yaml").write_text(yaml.safe_dump(fs, sort_keys=False))
@@ -202,7 +203,8 @@ def test_the_flink_temporal_join_gives_the_embedded_engines_rows_and_dead_letter
     output, dlq = f"{prefix}.features.flink", f"{prefix}.dlq.flink"
     create_topics(stack.kafka, [output, dlq])
     run_job(job_argv(stack, feature_set=str(tmp_path / "enriched.yaml"), dlq=dlq, group=f"{prefix}.flink",
-                     source=source, output=output, bounded=True), timeout_s=400, log_path=tmp_path / "flink.log",
+                     source=source, output=output, table=table, bounded=True), timeout_s=400,
+            log_path=tmp_path / "flink.log",
             settings=stack)
     flink = by_window(read_rows(stack.kafka, output, out_codec, idle_s=2.0), key="device_id")
 
