@@ -136,6 +136,21 @@ class StagePlan:
     def fits(self) -> bool:
         return self.replicas_needed is None or self.replicas_needed <= self.partitions
 
+    def drawn(self) -> list[str]:
+        """The figures ``tangram diagram --capacity`` writes on this stage: those ``plan --capacity`` prints."""
+        def num(value: float | None) -> str:
+            return "?" if value is None else f"{value:,.0f}"
+
+        lines = [f"peak {num(self.rate.sizing)}/s, a replica {num(self.capacity.per_replica)}/s at util "
+                 f"{self.target_utilization:g}",
+                 f"replicas {num(self.replicas_needed)} (declared {self.replicas_declared}), partitions "
+                 f"{num(self.partitions_needed)} (have {self.partitions})" + ("" if self.fits else ": TOO FEW")]
+        if self.flink_parallelism is not None:
+            lines.append(f"Flink slots {self.flink_parallelism}")
+        if self.triton_servers is not None:
+            lines.append(f"Triton servers {self.triton_servers}")
+        return lines
+
 
 @dataclass
 class CapacityPlan:

@@ -263,16 +263,23 @@ def diagram(
     topology: Path = AppArg,
     out: Optional[Path] = typer.Option(None, help="Output path without suffix; default <app folder>/diagram."),
     formats: str = typer.Option("svg,png,mmd", help="Comma-separated: svg, png, mmd (Mermaid), dot."),
+    capacity: bool = typer.Option(False, "--capacity", help="Draw each stage's sizing at the declared peak: the "
+                                                             "figures `tangram plan --capacity` prints."),
+    bench: Optional[Path] = typer.Option(None, "--bench", help="With --capacity: the results file of `make bench` "
+                                                                "(default <TANGRAM_HOME>/bench/results.json)."),
 ) -> None:
     """Draw the topology with its constraints (SVG/PNG via Graphviz, Mermaid text)."""
     from rich.console import Console
 
+    from streams.capacity import load_bench, plan_capacity
     from streams.diagram import render
     from streams.topology import load_topology
 
     loaded = load_topology(topology)
     base = out or loaded.folder / "diagram"
-    for path in render(loaded, base, tuple(f.strip() for f in formats.split(",") if f.strip())):
+    sizing = (plan_capacity(loaded, load_bench(bench or _settings().home / "bench" / "results.json"))
+              if capacity else None)
+    for path in render(loaded, base, tuple(f.strip() for f in formats.split(",") if f.strip()), sizing):
         Console().print(f"wrote {path}")
 
 

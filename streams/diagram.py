@@ -18,6 +18,7 @@ import subprocess
 import zlib
 from pathlib import Path
 
+from streams.capacity import CapacityPlan, StagePlan
 from streams.errors import TopologyError
 from streams.topology import ProcessorSpec, Topology
 
@@ -55,7 +56,7 @@ def _rate(topology: Topology, topic: str) -> str:
     return f"\\n{data.baseline_rate:g}/s{peak}, drop: {data.drop_policy}"
 
 
-def _processor_label(name: str, spec: ProcessorSpec) -> str:
+def _processor_label(name: str, spec: ProcessorSpec, stage: StagePlan | None = None) -> str:
     lines = [name, spec.kind.partition(":")[2]]
     lines.append(f"batch ≤{spec.batch_size}, wait ≤{spec.max_wait_ms} ms" + (f", ×{spec.replicas}" if spec.replicas > 1 else ""))
     lines.append(("exactly-once" if spec.exactly_once else "at-least-once") + f", device {spec.compute.device}")
@@ -68,11 +69,15 @@ def _processor_label(name: str, spec: ProcessorSpec) -> str:
         share = f" {evo.canary_share:.0%}" if evo.routing == "canary" else ""
         rto = f", rollback ≤{evo.rollback_rto_s:g}s" if evo.rollback_rto_s else ""
         lines.append(f"routing {evo.routing}{share}{rto}")
+    if stage is not None:
+        lines += stage.drawn()
     return "\\n".join(_esc(line) for line in lines)
 
 
-def to_dot(topology: Topology) -> str:
-    """The topology as a Graphviz digraph (deterministic: same file, same text)."""
+def to_dot(topology: Topology, capacity: CapacityPlan | None = None) -> str:
+    """The topology as a Graphviz digraph (deterministic: same file, same text); with ``capacity``, each stage
+    carries the figures of ``tangram plan --capacity``."""
+    stages = {s.name: s for s in capacity.stages} if capacity is not None else {}
     out = [
         f'digraph "{topology.app}" {{',
         '  graph [rankdir=LR, fontname="Helvetica", fontsize=11, nodesep=0.4, ranksep=0.9, '
@@ -89,7 +94,8 @@ def to_dot(topology: Topology) -> str:
         colour = COLOURS.get(group[0], "#f4f4f4")
         out.append(f'  subgraph "cluster_{i}" {{ label="{_esc(group)}"; style="rounded,filled"; fillcolor="{colour}"; color="#bbbbbb";')
         for name in names:
-            out.append(f'    "p:{name}" [label="{_processor_label(name, topology.processors[name])}"];')
+            label = _processor_label(name, topology.processors[name], stages.get(name))
+            out.append(f'    "p:{name}" [label="{label}"];')
         out.append("  }")
     produced = {t for spec in topology.processors.values() for t in spec.outputs}
     consumed = {t for spec in topology.processors.values() for t in spec.inputs}
@@ -140,12 +146,14 @@ def to_dot(topology: Topology) -> str:
     return "\n".join(out) + "\n"
 
 
-def to_mermaid(topology: Topology) -> str:
+def to_mermaid(topology: Topology, capacity: CapacityPlan | None = None) -> str:
     """The same graph as Mermaid flowchart text, for Markdown pages."""
     lines = ["flowchart LR"]
     ident = {name: f"p_{i}" for i, name in enumerate(topology.processors)}
+    stages = {s.name: s for s in capacity.stages} if capacity is not None else {}
     for name, spec in topology.processors.items():
-        lines.append(f'  {ident[name]}["{name}<br/>batch ≤{spec.batch_size}, wait ≤{spec.max_wait_ms} ms"]')
+        drawn = "".join(f"<br/>{line}" for line in stages[name].drawn()) if name in stages else ""
+        lines.append(f'  {ident[name]}["{name}<br/>batch ≤{spec.batch_size}, wait ≤{spec.max_wait_ms} ms{drawn}"]')
     for topic in topology.topics:
         spec = topology.topics[topic]
         writers = [ident[n] for n, p in topology.processors.items() if topic in p.outputs and topic != p.dlq]
@@ -199,16 +207,17 @@ def png_text(png: bytes, key: str) -> str | None:
     return None
 
 
-def render(topology: Topology, base: Path, formats: tuple[str, ...] = ("svg", "png", "mmd")) -> list[Path]:
-    """Write ``base.<fmt>`` for each format; returns the paths written."""
-    dot = to_dot(topology)
+def render(topology: Topology, base: Path, formats: tuple[str, ...] = ("svg", "png", "mmd"),
+           capacity: CapacityPlan | None = None) -> list[Path]:
+    """Write ``base.<fmt>`` for each format (with ``capacity``: each stage's sizing); returns the paths written."""
+    dot = to_dot(topology, capacity)
     tag = digest(dot)
     base.parent.mkdir(parents=True, exist_ok=True)
     written = []
     for fmt in formats:
         target = base.with_suffix(f".{fmt}")
         if fmt == "mmd":
-            target.write_text(f"%% {DIGEST_KEY}: {tag}\n" + to_mermaid(topology))
+            target.write_text(f"%% {DIGEST_KEY}: {tag}\n" + to_mermaid(topology, capacity))
         elif fmt == "dot":
             target.write_text(dot)
         else:

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from reference import REPO as PROJECT_ROOT
 from streams.capacity import load_bench, needed, parse_rate, plan_capacity
 from streams.cli import app
+from streams.diagram import to_dot, to_mermaid
 from streams.topology import Kind, Topology
 
 APPS = [PROJECT_ROOT / "topologies" / "predictive_maintenance", PROJECT_ROOT / "topologies" / "document_intake"]
@@ -137,3 +138,30 @@ def test_both_reference_apps_plan_their_capacity(folder, tmp_path):
     assert result.exit_code == 0, result.output
     assert "capacity at the declared peak" in result.output
     assert "every stage's peak fits" in result.output
+
+
+def test_the_diagram_draws_the_figures_the_plan_prints(tmp_path):
+    """`tangram diagram --capacity` writes on each stage what `tangram plan --capacity` prints for it."""
+    results = tmp_path / "results.json"
+    _results(results, [{"path": "ingest validation, Kafka → Kafka", "measured": "1,000 records/s"}])
+    topology = Topology(**_topology(partitions=8))
+    plan = plan_capacity(topology, load_bench(results))
+    ingest = next(s for s in plan.stages if s.name == "ingest")
+    assert ingest.replicas_needed == 20 and not ingest.fits  # 10k/s at 1k/s a replica, utilization 0.5: 20 > 8
+    dot, mermaid = to_dot(topology, plan), to_mermaid(topology, plan)
+    for text in (dot, mermaid):
+        assert "peak 10,000/s, a replica 1,000/s at util 0.5" in text
+        assert "replicas 20 (declared 1), partitions 20 (have 8): TOO FEW" in text
+    printed = CliRunner().invoke(app, ["plan", "--capacity", "--bench", str(results), str(_write(tmp_path, topology))])
+    assert printed.exit_code == 1 and "20 (8)" in printed.output  # the same figures, refused
+    assert "a replica" not in to_dot(topology)  # without --capacity: the declarations only
+    drawn = CliRunner().invoke(app, ["diagram", str(_write(tmp_path, topology)), "--capacity", "--bench", str(results),
+                                     "--formats", "dot", "--out", str(tmp_path / "d")])
+    assert drawn.exit_code == 0, drawn.output
+    assert "replicas 20 (declared 1)" in (tmp_path / "d.dot").read_text()
+
+
+def _write(tmp_path, topology: Topology):
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(topology.model_dump(mode="json", by_alias=True, exclude_none=True)))
+    return path
