@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from streams import __version__
 from streams.errors import TangramError, TopologyError
-from streams.gateway.health import HEALTH_PATH
+from streams.gateway.webapp import HEALTH_PATH
 from streams.gateway.processes import LISTEN_PORTS, gateway_processes
 from streams.monitor.dashboards import DASHBOARDS, PROCESSOR_METRICS_PORT, dashboard_json
 from streams.payloads import payload_processors

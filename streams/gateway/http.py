@@ -24,7 +24,7 @@ serves a developer's machine without keys, each peer address its own identity.
 503   the broker did not acknowledge in time; nothing is acknowledged, retry (dedup by event_id)
 ===== ===================================================================================
 
-``GET /healthz`` answers 200 without a key once the gateway serves (:mod:`streams.gateway.health`).
+``GET /healthz`` answers 200 without a key once the gateway serves (:mod:`streams.gateway.webapp`).
 
 Every refusal is counted (``tangram_ingest_rejected_total``, ``tangram_gateway_http_requests_total``,
 ``tangram_gateway_throttled_total``).
@@ -45,7 +45,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from streams.gateway.errors import GatewayError
-from streams.gateway.health import add_health, json_errors
+from streams.gateway.webapp import APP, KEYS, QUOTAS, SETTINGS, SINK, gateway_app
 from streams.gateway.identity import CHALLENGE, SEND_A_KEY, Caller, GatewayAuthSettings, caller, follow_keys, \
     stop_following_on_cleanup
 from streams.gateway.quota import Quotas
@@ -80,11 +80,6 @@ class HttpGatewaySettings(GatewayAuthSettings):
 
 
 STREAMS = web.AppKey("streams", dict)
-SINK = web.AppKey("sink", KafkaSink)
-SETTINGS = web.AppKey("settings", HttpGatewaySettings)
-APP = web.AppKey("app", str)
-KEYS = web.AppKey("keys", object)  # a KeyRing, or None with auth none
-QUOTAS = web.AppKey("quotas", Quotas)
 
 
 def _answer(stream: str, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -215,22 +210,9 @@ def make_app(app_name: str, streams: dict[str, IngestStream], sink: KafkaSink, s
 
     ``keys`` None is only allowed with ``auth: none``.
     """
-    if keys is None and settings.auth != "none":
-        raise GatewayError("the HTTP gateway needs its key ring (auth: api-key), or auth: none on purpose")
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
+    app = gateway_app("http", app_name, sink, settings, keys, client_max_size=settings.max_body_bytes)
     app[STREAMS] = streams
-    app[SINK] = sink
-    app[SETTINGS] = settings
-    app[APP] = app_name
-    app[KEYS] = keys
-    app[QUOTAS] = Quotas("http")
     app.router.add_post("/v1/streams/{stream}/events", post_events)
-    add_health(app)
-
-    async def close_sink(_: web.Application) -> None:
-        sink.close()
-
-    app.on_cleanup.append(close_sink)
     return app
 
 

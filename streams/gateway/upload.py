@@ -24,7 +24,7 @@ rate, before its body is read.
 503   the broker did not acknowledge in time; retry with the same ``X-Request-ID``
 ===== ============================================================================
 
-``GET /healthz`` answers 200 without a key once the gateway serves (:mod:`streams.gateway.health`).
+``GET /healthz`` answers 200 without a key once the gateway serves (:mod:`streams.gateway.webapp`).
 
 Kept apart from the JSON gateway (:mod:`streams.gateway.http`): a different body, a different contract.
 """
@@ -47,10 +47,9 @@ from pydantic_settings import SettingsConfigDict
 from streams.avro import AvroCodec, topic_codec
 from streams.delivery import Output
 from streams.gateway.errors import GatewayError
-from streams.gateway.health import add_health, json_errors
+from streams.gateway.webapp import APP, KEYS, QUOTAS, SETTINGS, SINK, gateway_app
 from streams.gateway.identity import CHALLENGE, SEND_A_KEY, GatewayAuthSettings, caller, follow_keys, \
     stop_following_on_cleanup
-from streams.gateway.quota import Quotas
 from streams.gateway.sink import KafkaSink
 from streams.ingest import ingest_headers
 from streams.payloads import PayloadStore
@@ -94,11 +93,6 @@ class Upload:
 
 
 UPLOAD_SPECS = web.AppKey("uploads", dict)
-SINK = web.AppKey("sink", KafkaSink)
-SETTINGS = web.AppKey("settings", UploadGatewaySettings)
-APP = web.AppKey("app", str)
-KEYS = web.AppKey("keys", object)  # a KeyRing, or None with auth none
-QUOTAS = web.AppKey("quotas", Quotas)
 #: The upload label of requests for an upload the gateway does not serve: never the caller's text.
 UNKNOWN = "_unknown"
 
@@ -176,24 +170,10 @@ async def post_upload(request: web.Request) -> web.Response:
 def make_app(app_name: str, uploads: dict[str, Upload], sink: KafkaSink, settings: UploadGatewaySettings,
              keys: KeyRing | None) -> web.Application:
     """The aiohttp application serving ``uploads`` of app ``app_name``; ``keys`` None only with ``auth: none``."""
-    if keys is None and settings.auth != "none":
-        raise GatewayError("the upload gateway needs its key ring (auth: api-key), or auth: none on purpose")
-    largest = max(u.spec.max_bytes for u in uploads.values())
-    # the file and the multipart framing
-    app = web.Application(client_max_size=largest + 64 * 1024, middlewares=[json_errors])
+    largest = max(u.spec.max_bytes for u in uploads.values())  # the file, and the multipart framing around it
+    app = gateway_app("upload", app_name, sink, settings, keys, client_max_size=largest + 64 * 1024)
     app[UPLOAD_SPECS] = uploads
-    app[SINK] = sink
-    app[SETTINGS] = settings
-    app[APP] = app_name
-    app[KEYS] = keys
-    app[QUOTAS] = Quotas("upload")
     app.router.add_post("/v1/uploads/{name}", post_upload)
-    add_health(app)
-
-    async def close_sink(_: web.Application) -> None:
-        sink.close()
-
-    app.on_cleanup.append(close_sink)
     return app
 
 

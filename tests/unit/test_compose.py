@@ -23,7 +23,7 @@ import yaml
 from reference import IMAGE_APP, PM_TOPOLOGY as TOPOLOGY
 
 from reference import REPO as PROJECT_ROOT
-from streams.gateway.health import HEALTH_PATH
+from streams.gateway.webapp import HEALTH_PATH
 from streams.gateway.processes import LISTEN_PORTS, compose_service, gateway_command, gateway_processes
 from streams.monitor.dashboards import PROCESSOR_METRICS_PORT
 from streams.security.acls import gateway_principal

@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from streams.cli import app
 from streams.deploy import ChartSettings, chart_values, render_chart
 from streams.errors import TangramError, TopologyError
-from streams.gateway.health import HEALTH_PATH
+from streams.gateway.webapp import HEALTH_PATH
 from streams.gateway.processes import gateway_command, gateway_processes
 from streams.monitor.dashboards import DASHBOARDS, PROCESSOR_METRICS_PORT, dashboard_json
 from streams.payloads import payload_processors

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from reference import INTAKE
 from streams.delivery import Output
 from streams.gateway.errors import GatewayError
-from streams.gateway.health import HEALTH_PATH
+from streams.gateway.webapp import HEALTH_PATH
 from streams.gateway.upload import Upload, UploadGatewaySettings, make_app
 from streams.payloads import PayloadStore
 from streams.security.keys import KeyRing, new_key
