@@ -99,9 +99,6 @@ class Processors:
         log = (self.stack.logs_dir / f"processor-{name}{suffix}.log").open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.stack.environ()}
         env.update(processor_env(self.stack, self.topology, name))  # its own principal on a secured stack
-        # static membership, one id per replica: a replica restarted after a crash takes its partitions back at
-        # once instead of after the dead one's session timeout (as a container restarted under its own name)
-        env["TANGRAM_GROUP_INSTANCE_ID"] = f"{self.topology.group(name)}-{replica}"
         command = [sys.executable, "-m", "streams", "run", str(self.topology_path), name]
         port = self._metrics_port(name, replica)
         if port:
