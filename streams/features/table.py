@@ -49,6 +49,7 @@ class VersionedTable:
         self.fields = fields
         self.keep = keep_versions
         self._versions: dict[str, tuple[tuple[int, ...], tuple[tuple | None, ...]]] = {}
+        self._live = 0  # entities whose newest version is not a tombstone (kept as versions are put, not counted)
 
     def put(self, entity: str, effective_ms: int, record: dict[str, Any] | None) -> None:
         """A version of ``entity`` from ``effective_ms`` on (``record`` None: a tombstone)."""
@@ -56,6 +57,7 @@ class VersionedTable:
         value = None if record is None else tuple(intern(v) if isinstance(v, str) else v
                                                   for v in (record.get(f) for f in self.fields))
         old_times, old_values = self._versions.get(entity, ((), ()))
+        was_live = bool(old_values) and old_values[-1] is not None
         times, values = list(old_times), list(old_values)
         i = bisect_right(times, effective_ms)
         if i and times[i - 1] == effective_ms:
@@ -66,6 +68,7 @@ class VersionedTable:
         # new tuples swapped in at once (the engine reads on another thread than the follower writes), and
         # smaller than lists: most entities have one version
         self._versions[intern(entity)] = (tuple(times[-self.keep:]), tuple(values[-self.keep:]))
+        self._live += (values[-1] is not None) - was_live
 
     def at(self, entity: str, ts: int) -> tuple | None:
         """The attributes of ``entity`` in effect at event time ``ts``; None when it has none then."""
@@ -79,7 +82,7 @@ class VersionedTable:
         return values[i - 1] if i else None
 
     def __len__(self) -> int:
-        return sum(1 for _, values in self._versions.values() if values[-1] is not None)
+        return self._live
 
 
 class TableFollower:

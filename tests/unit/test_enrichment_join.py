@@ -156,3 +156,15 @@ def test_a_reading_left_out_of_the_stream_still_moves_its_partitions_time_and_jo
     assert counts.tolist() == [1]  # off's reading at 1.2 s never joined a window
     late = add(["off", "on"], [4_000, 4_500], [True, False])
     assert late.late.tolist() == [True, True]
+
+
+def test_the_live_entity_count_follows_versions_and_tombstones():
+    table = VersionedTable(("site",))
+    table.put("a", 1_000, {"site": "x"})
+    table.put("b", 1_000, {"site": "y"})
+    table.put("a", 2_000, None)
+    table.put("a", 500, {"site": "w"})  # an older version of a: its newest is still the tombstone
+    assert len(table) == 1
+    table.put("a", 3_000, {"site": "z"})
+    table.put("b", 1_000, None)  # the same instant rewritten as a tombstone
+    assert len(table) == 1 and table.at("b", 1_500) is None
