@@ -195,7 +195,7 @@ class WindowFeatures(Processor):
             self.join.count(verdicts, told)
             for i in np.flatnonzero(verdicts.unknown & ~told).tolist():
                 outputs.append(dead_letter(records[i], self.dlq_topic, self.name,
-                                           f"{key} {entities[i]} has no version in table {self.join.spec.table} "
+                                           f"{key} {entities[i]} has no version in table {self.follower.topic} "
                                            f"at {int(ts[i])}", "unknown_entity"))
         if again := int(result.reread.sum()):
             REREAD.labels(self.name).inc(again)

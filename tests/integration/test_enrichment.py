@@ -142,6 +142,8 @@ def test_the_features_processor_joins_its_entity_table_restored_and_followed_liv
         assert reasons == {(b"d-unknown", "unknown_entity"), (b"d-gone", "unknown_entity")}
         assert sum(o.key == b"d-unknown" for o in dead) == 130
         assert sum(o.key == b"d-gone" for o in dead) == 100  # its readings from the tombstone on (T0 + 3 s)
+        assert all(f"has no version in table {prefix}.devices at " in dict(o.headers)["dlq.error_message"]
+                   for o in dead)  # the topic it read, not the feature set's default name
         assert filtered("maintenance") - before == 130  # d-off left the stream, counted, not dead-lettered
 
         window_codec = codec(stack.registry_url, ENRICHED, json.loads((tmp_path / "schemas" / f"{ENRICHED}.avsc").read_text()))
