@@ -319,7 +319,10 @@ class RunnerConfig:
     backoff_initial_s: float = 0.25  # first pause after a BackpressureError; doubles up to backoff_max_s
     backoff_max_s: float = 5.0
     max_poll_interval_ms: int = 300_000
-    session_timeout_ms: int = 10_000  # a killed member's partitions move to a live one within ~10 s
+    #: A killed member's partitions move to a live one after this long without its heartbeats: 6 s, the
+    #: broker's default ``group.min.session.timeout.ms`` (librdkafka heartbeats from its own thread, every
+    #: third of it, whatever Python is doing).
+    session_timeout_ms: int = 6_000
     #: Static group membership (KIP-345): a member restarted with the same id takes its partitions
     #: back without a rebalance, and, in exactly-once mode, its transactional id fences and aborts
     #: the dead instance's open transaction at once. Defaults to $TANGRAM_GROUP_INSTANCE_ID.
@@ -365,6 +368,7 @@ class Runner:
                 "partition.assignment.strategy": config.strategy(processor),
                 "max.poll.interval.ms": config.max_poll_interval_ms,
                 "session.timeout.ms": config.session_timeout_ms,
+                "heartbeat.interval.ms": max(config.session_timeout_ms // 3, 100),
                 **({"group.instance.id": config.group_instance_id} if config.group_instance_id else {}),
                 "on_commit": self._on_commit,
             })
