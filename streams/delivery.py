@@ -53,6 +53,7 @@ Backpressure
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import gc
 import hashlib
@@ -327,6 +328,12 @@ class RunnerConfig:
     #: back without a rebalance, and, in exactly-once mode, its transactional id fences and aborts
     #: the dead instance's open transaction at once. Defaults to $TANGRAM_GROUP_INSTANCE_ID.
     group_instance_id: str = field(default_factory=lambda: os.environ.get("TANGRAM_GROUP_INSTANCE_ID", ""))
+    #: Exactly-once: this member's name among its group's replicas (``TANGRAM_REPLICA``, which the launcher
+    #: sets; a StatefulSet's ordinal would do): the transactional id is ``<group>-<replica>``, so a replica
+    #: restarted after a crash fences the dead instance and has the broker abort its open transaction at
+    #: once, instead of the readers waiting ``transaction_timeout_s`` for it. Without it (or a
+    #: ``group_instance_id``), a fresh id per start.
+    replica: str = field(default_factory=lambda: os.environ.get("TANGRAM_REPLICA", ""))
     #: Exactly-once: the broker aborts a transaction left open this long (Kafka Streams' default).
     transaction_timeout_s: float = 10.0
     #: Exactly-once: a transaction spans the batches of up to this long (Kafka Streams' commit interval
@@ -341,6 +348,41 @@ class RunnerConfig:
         if self.assignment_strategy:
             return self.assignment_strategy
         return "range" if len(self.inputs) > 1 and processor.copartitioned else "cooperative-sticky"
+
+
+class Watchdog:
+    """Ends the process when a blocking client call overruns its deadline by far: a call that never returns
+    holds the loop (and its partitions) forever, where a restart of the process recovers."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._deadline: float | None = None
+        self._what = ""
+        threading.Thread(target=self._watch, daemon=True, name="delivery-watchdog").start()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def deadline(watchdog: "Watchdog | None", seconds: float, what: str):
+        """Within the block, the process may not stay longer than ``seconds`` (no watchdog: no bound)."""
+        if watchdog is None:
+            yield
+            return
+        watchdog._what, watchdog._deadline = what, time.monotonic() + seconds
+        try:
+            yield
+        finally:
+            watchdog._deadline = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.5)
+            deadline = self._deadline
+            if deadline is not None and time.monotonic() > deadline:
+                logging.getLogger("tangram.delivery").critical(
+                    "%s: stuck %s past its deadline; the process ends so that a restart recovers", self.name,
+                    self._what)
+                logging.shutdown()
+                os._exit(75)
 
 
 class Runner:
@@ -387,7 +429,8 @@ class Runner:
             "on_delivery": self._on_delivery,
         })
         if config.exactly_once:
-            producer_conf["transactional.id"] = f"{config.group_id}-{config.group_instance_id or client_id}"
+            member = config.replica or config.group_instance_id or client_id
+            producer_conf["transactional.id"] = f"{config.group_id}-{member}"
             producer_conf["transaction.timeout.ms"] = int(config.transaction_timeout_s * 1000)
             # librdkafka: a message may not outlive the transaction it belongs to.
             producer_conf["delivery.timeout.ms"] = min(producer_conf["delivery.timeout.ms"],
@@ -402,6 +445,7 @@ class Runner:
         self._in_callback = False
         self._revoked: set[tuple[str, int]] = set()  # partitions revoked during the current fetch
         self._backoff_s = config.backoff_initial_s
+        self._watchdog: Watchdog | None = None  # set for a processor that is a process of its own
         #: Partition assignments received (one per rebalance this member took part in).
         self.assignments = 0
         #: Batches put back after a BackpressureError, and seconds spent paused.
@@ -415,6 +459,8 @@ class Runner:
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        self._watchdog = Watchdog(self.processor.name)  # a process of its own: it may end itself
+
 
     def run(self, max_batches: int | None = None) -> None:
         cfg = self.config
@@ -762,12 +808,18 @@ class Runner:
         offsets = list({(tp.topic, tp.partition): tp for sent in batches for tp in sent.offsets
                         if (tp.topic, tp.partition) in owned}.values())
         if transactional:
+            # The broker aborts a transaction open longer than its timeout: no use waiting longer for either call.
+            # librdkafka may block past the timeout it is given when the group coordinator went away (a broker
+            # restart: librdkafka issues 5456, 5511); the watchdog ends such a process, whose restart fences
+            # this transaction and reads its batches again.
+            wait_s = self.config.transaction_timeout_s
             try:
-                if offsets:
-                    self.producer.send_offsets_to_transaction(
-                        offsets, self.consumer.consumer_group_metadata(), self.config.delivery_timeout_s
-                    )
-                self.producer.commit_transaction(self.config.delivery_timeout_s)
+                with Watchdog.deadline(self._watchdog, 2 * wait_s + 5, "committing a transaction"):
+                    if offsets:
+                        self.producer.send_offsets_to_transaction(
+                            offsets, self.consumer.consumer_group_metadata(), wait_s
+                        )
+                    self.producer.commit_transaction(wait_s)
             except KafkaException as exc:
                 if not exc.args[0].txn_requires_abort():
                     raise  # fenced or fatal: the process stops, a restart reads the batches again

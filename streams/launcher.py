@@ -9,6 +9,12 @@ Every replica serves Prometheus metrics (``tangram run --metrics-port``) on its 
 or the next free port when that one is taken (another topology, another test session). The
 endpoints in use are written to ``<TANGRAM_HOME>/processors/<app>.json``, where ``tangram
 status --topology`` and ``Processors.endpoints`` find them.
+
+A replica that exits by itself (an error it does not survive: an exactly-once transaction it could not
+finish, a lost fencing) is started again, as compose's ``restart: unless-stopped`` and Kubernetes do,
+after a back-off of 1 s doubling to 30 s while it keeps failing; one that ``kill`` or ``stop`` ended is
+not. Each replica runs as ``TANGRAM_REPLICA=<n>``: its exactly-once transactional id is stable across
+restarts (``streams.delivery.RunnerConfig.replica``).
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ import json
 import os
 import signal
 import socket
+import logging
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +41,8 @@ from streams.security.local import processor_env
 from streams.settings import StackSettings
 from streams.topology import Topology, load_topology
 
+log = logging.getLogger("tangram.launcher")
+
 
 class LauncherSettings(BaseSettings):
     """Where the launched processors serve their metrics (``TANGRAM_METRICS_BASE_PORT``)."""
@@ -42,6 +52,8 @@ class LauncherSettings(BaseSettings):
     metrics_base_port: int = Field(9100, ge=0, le=65_000,
                                    description="First metrics port; each replica takes the next free one. 0: no metrics.")
     metrics_port_span: int = Field(200, ge=1, description="How far above the base port a free port is looked for.")
+    restart_backoff_s: float = Field(1.0, ge=0, description="Wait before starting again a replica that exited by "
+                                                            "itself; doubles while it keeps exiting, up to 30 s.")
 
 
 def port_free(host: str, port: int) -> bool:
@@ -80,6 +92,13 @@ class Processors:
         self.procs: dict[tuple[str, int], subprocess.Popen] = {}
         self.ports: dict[tuple[str, int], int] = {}
         self.admin = AdminClient(stack.kafka.config())
+        #: replicas started again after they exited by themselves, how many times
+        self.restarts: dict[tuple[str, int], int] = {}
+        self._ended: set[tuple[str, int]] = set()  # ended by kill/stop: not started again by the supervisor
+        self._started: dict[tuple[str, int], float] = {}  # when each replica's process was started (monotonic)
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
 
     def __enter__(self) -> "Processors":
         return self
@@ -88,23 +107,58 @@ class Processors:
         self.stop()
 
     def start(self) -> None:
-        """Start every replica of every processor."""
+        """Start every replica of every processor, and the supervisor that restarts one that exits by itself."""
         for name in self.names:
             for replica in range(self.topology.processors[name].replicas):
                 self.start_one(name, replica)
 
     def start_one(self, name: str, replica: int = 0) -> subprocess.Popen:
+        with self._lock:
+            self._ended.discard((name, replica))
+            proc = self._spawn(name, replica)
+        if self._supervisor is None:
+            self._stopping.clear()
+            self._supervisor = threading.Thread(target=self._supervise, daemon=True, name="processor-supervisor")
+            self._supervisor.start()
+        return proc
+
+    def _supervise(self) -> None:
+        """Start again, after a growing back-off, each replica that exited without ``kill`` or ``stop``."""
+        backoff: dict[tuple[str, int], float] = {}
+        due: dict[tuple[str, int], tuple[subprocess.Popen, float]] = {}  # the exited process, when to replace it
+        while not self._stopping.wait(0.2):
+            with self._lock:
+                now = time.monotonic()
+                for slot, proc in list(self.procs.items()):
+                    if slot in self._ended:
+                        continue
+                    if proc.poll() is None:
+                        if now - self._started[slot] > 60:
+                            backoff.pop(slot, None)  # up for a minute: the next failure starts the back-off over
+                        continue
+                    if slot not in due or due[slot][0] is not proc:
+                        wait = backoff[slot] = min(30.0, backoff.get(slot, self.settings.restart_backoff_s / 2) * 2)
+                        due[slot] = (proc, now + wait)
+                        log.warning("processor %s (replica %d) exited with %s; starting it again in %.0f s",
+                                    *slot, proc.returncode, wait)
+                    elif now >= due[slot][1]:
+                        self.restarts[slot] = self.restarts.get(slot, 0) + 1
+                        self._spawn(*slot)
+
+    def _spawn(self, name: str, replica: int) -> subprocess.Popen:
         self.stack.logs_dir.mkdir(parents=True, exist_ok=True)
         suffix = f"-{replica}" if self.topology.processors[name].replicas > 1 else ""
         log = (self.stack.logs_dir / f"processor-{name}{suffix}.log").open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.stack.environ()}
         env.update(processor_env(self.stack, self.topology, name))  # its own principal on a secured stack
+        env["TANGRAM_REPLICA"] = str(replica)
         command = [sys.executable, "-m", "streams", "run", str(self.topology_path), name]
         port = self._metrics_port(name, replica)
         if port:
             command += ["--metrics-port", str(port)]
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.procs[(name, replica)] = proc
+        self._started[(name, replica)] = time.monotonic()
         self._write_endpoints()
         return proc
 
@@ -171,13 +225,20 @@ class Processors:
         return len(members) >= want and g.state.name == "STABLE"
 
     def kill(self, name: str, replica: int = 0, sig: signal.Signals = signal.SIGKILL) -> None:
-        """Signal one replica's process group (SIGKILL: no flush, no commit) and reap it."""
-        proc = self.procs[(name, replica)]
+        """Signal one replica's process group (SIGKILL: no flush, no commit) and reap it; it stays down until
+        :meth:`start_one`."""
+        with self._lock:
+            self._ended.add((name, replica))
+            proc = self.procs[(name, replica)]
         os.killpg(proc.pid, sig)
         proc.wait(30)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM every process (each finishes its batch and commits), SIGKILL what is left after the timeout."""
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(5)
+            self._supervisor = None
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
