@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -176,7 +176,7 @@ class PartitionWindows:
         w = self.fs.window
         reach = w.size_ms + w.allowed_lateness_ms
         stream_time = max(self.stream_time, ts)
-        starts = [s for s in w.starts(ts) if s + reach > stream_time and s + w.size_ms > self.closed_through]
+        starts = self._open_starts(ts, stream_time)
         self.stream_time = stream_time
         if not starts:
             return False, []
@@ -188,6 +188,16 @@ class PartitionWindows:
             window.rows.append(row)
             window.last = handle
         return True, self._close(lambda start: start + reach <= stream_time)
+
+    def late(self, ts: int) -> bool:
+        """Whether a reading at ``ts`` is late (its windows all closed), as :meth:`add` would say; changes nothing."""
+        return not self._open_starts(ts, max(self.stream_time, ts))
+
+    def _open_starts(self, ts: int, stream_time: int) -> list[int]:
+        """The starts of the windows of a reading at ``ts`` still open at ``stream_time``."""
+        w = self.fs.window
+        reach = w.size_ms + w.allowed_lateness_ms
+        return [s for s in w.starts(ts) if s + reach > stream_time and s + w.size_ms > self.closed_through]
 
     def advance(self, ts: int) -> list[dict]:
         """Move the stream time to ``ts`` without adding a reading (one the state already holds, read again
@@ -221,6 +231,9 @@ def finish(fs: FeatureSet, window: OpenWindow) -> dict:
             "count": len(window.ts), **feats}
 
 
-def output_row(fs: FeatureSet, entity: str, closed: dict) -> dict:
-    """The Avro output record of a closed window, fields in declaration order."""
-    return {fs.entity.join_key: entity, **{c: closed[c] for c in fs.columns[1:]}}
+def output_row(fs: FeatureSet, entity: str, closed: dict, attributes: Sequence[float] = ()) -> dict:
+    """The Avro output record of a closed window, fields in declaration order: its aggregates, then
+    ``attributes``, the window's encoded table attributes (``fs.attribute_names``) when the feature set joins one."""
+    aggregated = fs.columns[1:len(fs.columns) - len(fs.attribute_names)]
+    return {fs.entity.join_key: entity, **{c: closed[c] for c in aggregated},
+            **dict(zip(fs.attribute_names, map(float, attributes), strict=True))}

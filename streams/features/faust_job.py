@@ -27,6 +27,14 @@ repeat (same ``event_id``), never go missing. Late readings go to the DLQ topic.
 of each entity goes to the online store, Feast's Redis store (``streams.features.layout``), under
 the Feast project ``--project``.
 
+A feature set that declares ``enrichment:`` joins its entity table (``--table``, by default the
+feature set's ``enrichment.table``) as the embedded engine does, with the same shared code: the table is
+restored whole before the first reading and followed on a thread (``streams.features.table``), and
+each reading is judged late first, then joined (``streams.features.enrich.Join``): an unknown entity
+is dead-lettered (``unknown_entity``), one failing ``keep`` is filtered, a null input in ``fill`` takes
+the table's value; either way the reading moves its partition's stream time. A closed window's row gets
+the attributes in effect at its last instant, after its aggregates.
+
     python -m streams.features.faust_job --bootstrap 127.0.0.1:9092 --registry http://127.0.0.1:8081 \\
         --redis redis://127.0.0.1:6379/0 --source pm.ingest.telemetry --output pm.features.device_window \\
         --dlq pm.dlq.features --group pm.features-faust --project pm
@@ -42,18 +50,23 @@ import math
 import time
 
 import faust
+import numpy as np
 
 from streams.avro import codec
+from streams.security.kafka import KafkaConnection
 from streams.settings import StackSettings
 from streams.wire import WireFormatError
 from streams.features.compute import OpenWindow, PartitionWindows, output_row
+from streams.features.enrich import Join
 from streams.features.layout import FeastLayout
 from streams.features.online import OnlineWriter
-from streams.features.spec import load_feature_set
+from streams.features.spec import FeatureSet, load_feature_set
+from streams.features.table import TableFollower, VersionedTable
 
 log = logging.getLogger("tangram.features.faust")
 
 CARRIED = ("event_id", "trace_id", "ingest_ms")
+STAGE = "features-faust"  # its dead letters' stage, its filter counts' processor
 
 
 def _window_json(w: OpenWindow) -> dict:
@@ -115,12 +128,24 @@ def broker_credentials() -> faust.SASLCredentials | None:
                                  mechanism=auth["sasl_mechanism"], ssl_context=auth["ssl_context"])
 
 
+def entity_table(fs: FeatureSet, args: argparse.Namespace) -> tuple[Join, TableFollower]:
+    """The join over the feature set's entity table (``--table``, default its ``enrichment.table``), and the
+    table's follower (not yet restored)."""
+    assert fs.enrichment is not None
+    topic = args.table or fs.enrichment.table
+    table_codec = codec(args.registry, fs.enrichment.schema_)  # the contract as `tangram apply` registered it
+    fields = {f["name"] for f in table_codec.schema_json["fields"]}
+    if lacking := [a for a in fs.enrichment.used if a not in fields]:
+        raise SystemExit(f"feature set {fs.name}: table {topic!r} has no attribute(s) {lacking}")
+    table = VersionedTable(fs.enrichment.used)
+    kafka = KafkaConnection(args.bootstrap, StackSettings().kafka.security).config({"group.id": f"{args.group}-table"})
+    return Join(fs, table, STAGE), TableFollower(kafka, topic, table_codec.decode, table)
+
+
 def build_app(args: argparse.Namespace) -> faust.App:
-    """The Faust app of one feature set: source agent, state table, output and DLQ topics."""
+    """The Faust app of one feature set: source agent, state table, output and DLQ topics, and the entity
+    table it joins (restored here, before any reading; followed until the app stops)."""
     fs = load_feature_set(args.feature_set)
-    if fs.enrichment is not None:
-        raise SystemExit(f"feature set {fs.name}: the Faust job does not join the entity table "
-                         f"{fs.enrichment.table!r}; run this feature set on the embedded engine")
     in_codec = codec(args.registry, fs.source.schema_)  # the contracts as `tangram apply` registered them
     out_codec = codec(args.registry, fs.output.schema_)
     store = OnlineWriter(args.redis, FeastLayout.of(fs, args.project))
@@ -138,12 +163,32 @@ def build_app(args: argparse.Namespace) -> faust.App:
 
     async def dead_letter(event: faust.types.EventT, reason: str, message: str) -> None:
         headers = {**dict(event.message.headers or ()),
-                   "dlq.stage": b"features-faust", "dlq.reason": reason.encode(), "dlq.error_class": b"Rejected",
+                   "dlq.stage": STAGE.encode(), "dlq.reason": reason.encode(), "dlq.error_class": b"Rejected",
                    "dlq.error_message": message[:1000].encode(), "dlq.source_topic": event.message.topic.encode(),
                    "dlq.source_partition": str(event.message.partition).encode(),
                    "dlq.source_offset": str(event.message.offset).encode(),
                    "dlq.failed_ms": str(int(time.time() * 1000)).encode()}
         await (await dlq.send(key=event.key, value=event.value, headers=headers))
+
+    join, follower = entity_table(fs, args) if fs.enrichment is not None else (None, None)
+    if follower is not None:
+        follower.restore()  # the whole table before the first reading joins it
+        follower.start()
+
+        @app.on_before_shutdown.connect
+        async def _stopping(sender, **kwargs) -> None:
+            follower.close()
+
+    async def enrich(event: faust.types.EventT, entity: str, ts: int, values: np.ndarray) -> bool:
+        """Join a reading that is not late (``values``, one row, filled in place): whether it stays in the stream.
+        A reading of an unknown entity is dead-lettered, one failing ``keep`` counted."""
+        assert join is not None and follower is not None
+        verdicts = join.readings([entity], np.array([ts], dtype=np.int64), values)
+        join.count(verdicts, np.zeros(1, dtype=bool))
+        if verdicts.unknown[0]:
+            await dead_letter(event, "unknown_entity",
+                              f"{fs.entity.join_key} {entity} has no version in table {follower.topic} at {ts}")
+        return bool(verdicts.keep[0])
 
     #: Each partition's state as this worker holds it between readings: (windows, last offset applied, last
     #: offset added per entity). Rebuilt from the table after every rebalance (the table is what restores).
@@ -188,26 +233,34 @@ def build_app(args: argparse.Namespace) -> faust.App:
                 await dead_letter(event, "undecodable", str(exc))
                 continue
             ts = reading[fs.source.timestamp_field]
+            late = False
             if msg.offset <= added.get(entity, -1):
                 # the entity's windows hold it (a crash came between its key and the partition's): only the clock moves
-                accepted, closed = True, state.advance(ts)
+                joined, closed = True, state.advance(ts)
             else:
-                row = [math.nan if reading[s] is None else reading[s] for s in fs.inputs]
-                carried = {k: v for k, v in dict(msg.headers or ()).items() if k in CARRIED}
-                accepted, closed = state.add(entity, ts, row, None, carried)
-                if accepted:
+                # lateness first, whatever the entity; a reading that joins no window still moves the clock
+                values = np.array([[math.nan if reading[s] is None else reading[s] for s in fs.inputs]], dtype=np.float64)
+                late = state.late(ts)
+                joined = not late and (join is None or await enrich(event, entity, ts, values))
+                if joined:
+                    carried = {k: v for k, v in dict(msg.headers or ()).items() if k in CARRIED}
+                    _, closed = state.add(entity, ts, values[0].tolist(), None, carried)
                     added[entity] = msg.offset
-            if not accepted:
+                else:
+                    closed = state.advance(ts)
+            if late:
                 await dead_letter(event, "late", f"reading at {ts} is late: its windows are already closed")
-            for window in closed:
-                out = output_row(fs, window["entity"], window)
+            attributes = (join.attributes([(w["entity"], w["start"]) for w in closed]) if join is not None
+                          else np.empty((len(closed), 0)))
+            for window, attributes_of_window in zip(closed, attributes):
+                out = output_row(fs, window["entity"], window, attributes_of_window)
                 headers = {**(window["window"].last or {}), "event_id": f"{window['entity']}:{window['start']}".encode()}
                 await (await output.send(key=window["entity"].encode(), value=out_codec.encode(out), headers=headers))
                 store.stage(out)
             if closed:
                 store.flush()
             # only what changed goes to the changelog: the entities whose windows changed, then the partition's clock
-            for name in ({entity} if accepted else set()) | {w["entity"] for w in closed}:
+            for name in ({entity} if joined else set()) | {w["entity"] for w in closed}:
                 mine = [w for (e, _), w in state.open.items() if e == name]
                 if mine:
                     table[open_key(msg.partition, name)] = encode_windows(mine, added.get(name, -1))
@@ -221,11 +274,11 @@ def build_app(args: argparse.Namespace) -> faust.App:
 
 
 def command(python: str, *, bootstrap: str, registry: str, redis_url: str, project: str, source: str, output: str,
-            dlq: str, group: str, feature_set: str) -> list[str]:
-    """The command line of a worker of this app."""
+            dlq: str, group: str, feature_set: str, table: str | None = None) -> list[str]:
+    """The command line of a worker of this app (``table``: the entity table's topic, when not the feature set's)."""
     return [python, "-m", "streams.features.faust_job", "--bootstrap", bootstrap, "--registry", registry,
             "--redis", redis_url, "--project", project, "--source", source, "--output", output, "--dlq", dlq,
-            "--group", group, "--feature-set", feature_set]
+            "--group", group, "--feature-set", feature_set, *(["--table", table] if table else [])]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -240,6 +293,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", required=True)
     p.add_argument("--dlq", required=True)
     p.add_argument("--group", required=True, help="Faust app id: consumer group and changelog topic prefix.")
+    p.add_argument("--table", help="The entity table's topic (default: the feature set's `enrichment.table`).")
     p.add_argument("--partitions", type=int, default=3, help="Partitions of the source topic (the table's).")
     return p.parse_args(argv)
 

@@ -184,8 +184,9 @@ def sink_ddl(name: str, topic: str, bootstrap: str, value: dict[str, str], colum
     return f"CREATE TEMPORARY TABLE `{name}` ({columns}) WITH ({_with(options)})"
 
 
-def queries(fs: FeatureSet, source_topic: str, online: bool) -> list[str]:
-    """The views over the ``source`` table, then the INSERTs into the features and DLQ sinks."""
+def queries(fs: FeatureSet, source_topic: str, online: bool, table_topic: str | None = None) -> list[str]:
+    """The views over the ``source`` table, then the INSERTs into the features and DLQ sinks (``table_topic``: the
+    entity table's topic the job reads, named in the dead letters of unknown entities)."""
     w = fs.window
     key, ts = fs.entity.join_key, fs.source.timestamp_field
     readings = (f"SELECT k, v, headers, p, o, r, et, r.`{ts}` AS ts, "
@@ -231,7 +232,7 @@ def queries(fs: FeatureSet, source_topic: str, online: bool) -> list[str]:
                 "LAST_VALUE(headers['trace_id']) AS trace_id", "LAST_VALUE(headers['ingest_ms']) AS ingest_ms"]
     windows = (f"SELECT {', '.join(selects)} FROM TABLE(TUMBLE(TABLE accepted_readings, DESCRIPTOR(et), "
                f"{_interval(w.size_ms)})) GROUP BY `{key}`, window_start, window_end")
-    if enrichment is not None:
+    if enrichment is not None and enrichment.attributes:
         # each window with the attributes in effect at its last instant (window_time: its end minus 1 ms)
         encoded = []
         for attribute in enrichment.attributes:
@@ -266,7 +267,7 @@ def queries(fs: FeatureSet, source_topic: str, online: bool) -> list[str]:
                 f"'not Confluent-framed Avro of the source schema' AS message FROM source WHERE r IS NULL")
     if enrichment is not None:  # the embedded engine's words: <key> <entity> has no version in table <t> at <ts>
         rejected += (" UNION ALL SELECT k, v, headers, p, o, 'unknown_entity' AS reason, "
-                     f"CONCAT('{key} ', `{key}`, ' has no version in table {_quote(enrichment.table)} at ', "
+                     f"CONCAT('{key} ', `{key}`, ' has no version in table {_quote(table_topic or enrichment.table)} at ', "
                      "CAST(ts AS STRING)) AS message FROM joined WHERE `unknown_entity`")
     insert_dlq = f"INSERT INTO dlq SELECT k, v, MAP_UNION(headers, {dead}) FROM ({rejected})"
     return [f"CREATE TEMPORARY VIEW readings AS {readings}", *views,
@@ -292,8 +293,9 @@ def build_job(t_env: TableEnvironment, args: argparse.Namespace) -> None:
         t_env.create_temporary_function("online_store", online_store_function(fs, args.redis, args.project))
     t_env.execute_sql(source_ddl(fs, source_topic, args.bootstrap, args.registry, args.group, args.bounded,
                                  security))
+    table_topic = (args.table or fs.enrichment.table) if fs.enrichment is not None else None
     if fs.enrichment is not None:
-        for statement in table_ddl(fs, args.table or fs.enrichment.table, registry.latest(fs.enrichment.schema_),
+        for statement in table_ddl(fs, table_topic, registry.latest(fs.enrichment.schema_),
                                    args.bootstrap, args.registry, args.bounded, security):
             t_env.execute_sql(statement)
     # NOT NULL: the contract's fields are (Flink checks the table against the schema it is given)
@@ -306,7 +308,7 @@ def build_job(t_env: TableEnvironment, args: argparse.Namespace) -> None:
     }, f"k STRING, {', '.join(fields)}, headers MAP<STRING, BYTES> METADATA", args.exactly_once, security))
     t_env.execute_sql(sink_ddl("dlq", args.dlq, args.bootstrap, {"value.format": "raw"},
                                "k STRING, v BYTES, headers MAP<STRING, BYTES> METADATA", args.exactly_once, security))
-    *views, insert_features, insert_dlq = queries(fs, source_topic, online=bool(args.redis))
+    *views, insert_features, insert_dlq = queries(fs, source_topic, online=bool(args.redis), table_topic=table_topic)
     for view in views:
         t_env.execute_sql(view)
     statements = t_env.create_statement_set()

@@ -1,6 +1,6 @@
 """Stream enrichment on the real stack: the features processor restores its entity table from a compacted
 topic, follows it live, and joins, filters and fills readings and windows as the feature set declares; the
-Flink job's event-time temporal join over the same table gives the same rows and dead letters."""
+Flink job's event-time temporal join and the Faust job over the same table give the same rows and dead letters."""
 
 from __future__ import annotations
 
@@ -22,11 +22,13 @@ from streams.delivery import Record
 from streams.flink.launcher import job_argv, run_job
 from streams.plan import apply
 from streams.run import make_runner
-from streams.testing import by_window, create_topics, diff_rows, produce_records, read_rows
+from streams.features.spec import load_feature_set
+from streams.testing import by_window, create_topics, diff_rows, expected_windows, produce_records, read_rows
 from pm_app.simulator import BASE_MS, SENSORS, Device, recorded_readings
 from streams.topology import Topology
 
 from isolation import isolated_topology
+from test_parity import run_faust_job
 
 pytestmark = pytest.mark.integration
 
@@ -173,9 +175,17 @@ def test_the_features_processor_joins_its_entity_table_restored_and_followed_liv
         again.close()
 
 
-def test_the_flink_temporal_join_gives_the_embedded_engines_rows_and_dead_letters(stack, tmp_path):
-    """Both engines over the same recording and the same table: a site change between two readings of a
+def dead_letters(stack, topic: str) -> dict[tuple[bytes, bytes], bytes]:
+    """The dead letters of ``topic``: (source partition, source offset) → reason."""
+    return {(h["dlq.source_partition"], h["dlq.source_offset"]): h["dlq.reason"]
+            for h in (dict(m.headers()) for m in read_rows(stack.kafka, topic, None, idle_s=2.0))}
+
+
+@pytest.fixture(scope="module")
+def recording(stack, tmp_path_factory):
+    """One recording and one table, through the embedded engine: a site change between two readings of a
     device, a tombstone mid-stream, a device unknown for its first seconds, one out of service."""
+    tmp_path = tmp_path_factory.mktemp("enrichment")
     topology, prefix, table = enriched_topology(tmp_path, isolated_topology(tmp_path), idle_partition_s=2)
     apply(topology, stack, models=False)
     readings = recorded_readings(8, 30.0)
@@ -201,14 +211,20 @@ def test_the_flink_temporal_join_gives_the_embedded_engines_rows_and_dead_letter
     finally:
         runner.stop()
         thread.join(30)
+    return {"tmp": tmp_path, "prefix": prefix, "table": table, "source": source, "readings": readings,
+            "out_codec": out_codec, "embedded": embedded, "dead": dead_letters(stack, f"{prefix}.dlq.features")}
 
+
+def test_the_flink_temporal_join_gives_the_embedded_engines_rows_and_dead_letters(stack, recording):
+    """Both engines over the same recording and the same table (the ``recording`` fixture's)."""
+    prefix, tmp_path, embedded = recording["prefix"], recording["tmp"], recording["embedded"]
     output, dlq = f"{prefix}.features.flink", f"{prefix}.dlq.flink"
     create_topics(stack.kafka, [output, dlq])
     run_job(job_argv(stack, feature_set=str(tmp_path / "enriched.yaml"), dlq=dlq, group=f"{prefix}.flink",
-                     source=source, output=output, table=table, bounded=True), timeout_s=400,
+                     source=recording["source"], output=output, table=recording["table"], bounded=True), timeout_s=400,
             log_path=tmp_path / "flink.log",
             settings=stack)
-    flink = by_window(read_rows(stack.kafka, output, out_codec, idle_s=2.0), key="device_id")
+    flink = by_window(read_rows(stack.kafka, output, recording["out_codec"], idle_s=2.0), key="device_id")
 
     problems = diff_rows(embedded, flink, rel=1e-9)
     assert problems == [], "\n".join(problems)
@@ -219,10 +235,29 @@ def test_the_flink_temporal_join_gives_the_embedded_engines_rows_and_dead_letter
     moved = {s: (r["site_plant_a"], r["site_plant_b"], r["rated_rpm"]) for (d, s), r in embedded.items() if d == "dev-00001"}
     assert moved[BASE_MS + 5_000] == (1.0, 0.0, 1401.0) and moved[BASE_MS + 10_000] == (0.0, 1.0, 1600.0)
 
-    def letters(topic: str) -> dict[tuple[bytes, bytes], bytes]:
-        return {(h["dlq.source_partition"], h["dlq.source_offset"]): h["dlq.reason"]
-                for h in (dict(m.headers()) for m in read_rows(stack.kafka, topic, None, idle_s=2.0))}
+    assert dead_letters(stack, dlq) == recording["dead"]
+    assert set(recording["dead"].values()) == {b"late", b"unknown_entity"}
 
-    embedded_dead, flink_dead = letters(f"{prefix}.dlq.features"), letters(dlq)
-    assert embedded_dead == flink_dead
-    assert set(embedded_dead.values()) == {b"late", b"unknown_entity"}
+
+def test_the_faust_job_joins_the_table_as_the_embedded_engine_does(stack, recording):
+    """The Faust job over the same recording and table (``--table``: the namespaced topic): the same rows, on the
+    windows the stream's own time closed (it has no idle timeout), and the same dead letters with their reasons."""
+    prefix, tmp_path, embedded = recording["prefix"], recording["tmp"], recording["embedded"]
+    fs = load_feature_set(tmp_path / "enriched.yaml")
+    closed_by_time = expected_windows(recording["readings"], fs, 3)[0].keys()  # the join changes no stream time
+    closed = {key: row for key, row in embedded.items() if key in closed_by_time}
+    assert ("dev-00001", BASE_MS + 10_000) in closed and any(d == "dev-00007" for d, _ in closed)
+    output, dlq = f"{prefix}.features.faust", f"{prefix}.dlq.faust"
+    create_topics(stack.kafka, [output, dlq])
+    run_faust_job(stack, tmp_path / "faust.log", {output: len(closed), dlq: len(recording["dead"])},
+                  project=f"{prefix}-faust", source=recording["source"], output=output, dlq=dlq,
+                  group=f"{prefix}.features-faust", feature_set=str(tmp_path / "enriched.yaml"), table=recording["table"])
+    faust = by_window(read_rows(stack.kafka, output, recording["out_codec"], idle_s=2.0), key="device_id")
+
+    problems = diff_rows(closed, faust, rel=1e-9)
+    assert problems == [], "\n".join(problems)
+    faust_dead = dead_letters(stack, dlq)
+    assert faust_dead == recording["dead"]
+    unknown = [dict(m.headers())["dlq.error_message"] for m in read_rows(stack.kafka, dlq, None, idle_s=2.0)
+               if dict(m.headers())["dlq.reason"] == b"unknown_entity"]
+    assert unknown and all(f"has no version in table {recording['table']} at ".encode() in m for m in unknown)

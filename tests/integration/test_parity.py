@@ -105,11 +105,30 @@ def flink_rows(stack, recorded):
     output, dlq = f"{prefix}.features.device_window_flink", f"{prefix}.dlq.features_flink"
     create_topics(stack.kafka, [output, dlq])
     argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE), dlq=dlq, group=f"{prefix}.features-flink",
-                    source=recorded["source"], output=output,
+                    source=recorded["source"], output=output, table=f"{prefix}.devices",
                     bounded=True, online_project=f"{prefix}-flink")
     run_job(argv, timeout_s=300, log_path=Path(recorded["tmp"]) / "flink.log", settings=stack)
     rows = read_rows(stack.kafka, output, recorded["out_codec"], idle_s=1.0)
     return by_window(rows, key="device_id"), count_records(stack.kafka, dlq)
+
+
+def run_faust_job(stack, log_path: Path, want: dict[str, int], timeout_s: float = 120.0, **options: str) -> None:
+    """Run a worker of the Faust job (``faust_job.command`` on ``stack`` with ``options``) until every topic of
+    ``want`` holds at least its number of records, or ``timeout_s``, then stop it; its output goes to ``log_path``,
+    whose tail a failure shows if it dies first."""
+    argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
+                             redis_url=stack.redis_url, **options)
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while any(count_records(stack.kafka, topic) < n for topic, n in want.items()) \
+                    and time.monotonic() < deadline:
+                assert worker.poll() is None, log_path.read_text()[-3000:]
+                time.sleep(0.5)
+        finally:
+            worker.terminate()
+            worker.wait(30)
 
 
 @pytest.fixture(scope="module")
@@ -117,23 +136,11 @@ def faust_rows(stack, recorded, embedded_rows):
     prefix = recorded["prefix"]
     output, dlq = f"{prefix}.features.device_window_faust", f"{prefix}.dlq.features_faust"
     create_topics(stack.kafka, [output, dlq])
-    argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
-                             redis_url=stack.redis_url, project=f"{prefix}-faust",
-                             source=recorded["source"], output=output, dlq=dlq, group=f"{prefix}.features-faust",
-                             feature_set=str(FEATURE_SET_FILE))
-    with (Path(recorded["tmp"]) / "faust.log").open("wb") as log:
-        worker = subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 120
-            want, want_late = len(recorded["closed"][0]), embedded_rows[1]
-            while (count_records(stack.kafka, output) < want
-                   or count_records(stack.kafka, dlq) < want_late) and time.monotonic() < deadline:
-                assert worker.poll() is None, (Path(recorded["tmp"]) / "faust.log").read_text()[-3000:]
-                time.sleep(0.5)
-            rows = read_rows(stack.kafka, output, recorded["out_codec"], idle_s=2.0)
-        finally:
-            worker.terminate()
-            worker.wait(30)
+    run_faust_job(stack, Path(recorded["tmp"]) / "faust.log", {output: len(recorded["closed"][0]), dlq: embedded_rows[1]},
+                  project=f"{prefix}-faust", source=recorded["source"], output=output, dlq=dlq,
+                  group=f"{prefix}.features-faust", feature_set=str(FEATURE_SET_FILE),
+                  table=f"{prefix}.devices")  # the isolated topology's table, when the feature set joins one
+    rows = read_rows(stack.kafka, output, recorded["out_codec"], idle_s=2.0)
     return by_window(rows, key="device_id"), count_records(stack.kafka, dlq)
 
 

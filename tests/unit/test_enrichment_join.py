@@ -13,7 +13,9 @@ from pydantic import ValidationError
 
 from prometheus_client import REGISTRY
 from reference import PM
+from streams.features import faust_job
 from streams.features.batch import BatchWindows
+from streams.features.compute import PartitionWindows, output_row
 from streams.features.enrich import Join
 from streams.features.spec import FeatureSet
 from streams.features.table import VersionedTable
@@ -156,6 +158,47 @@ def test_a_reading_left_out_of_the_stream_still_moves_its_partitions_time_and_jo
     assert counts.tolist() == [1]  # off's reading at 1.2 s never joined a window
     late = add(["off", "on"], [4_000, 4_500], [True, False])
     assert late.late.tolist() == [True, True]
+
+
+def test_the_per_reading_state_judges_lateness_before_the_join_as_the_batch_does():
+    """The Faust job's order over the per-reading state: ``late`` first (it changes nothing), then a reading the
+    join leaves out (filtered, unknown) or a late one only moves the clock: the batch test's decisions above."""
+    fs = feature_set()
+    state = PartitionWindows(fs)
+    row = [1.0] * len(fs.inputs)
+
+    def feed(entity: str, ts: int, excluded: bool) -> tuple[bool, list[dict]]:
+        before = (state.stream_time, state.closed_through, len(state.open))
+        late = state.late(ts)
+        assert (state.stream_time, state.closed_through, len(state.open)) == before
+        if late or excluded:
+            return late, state.advance(ts)
+        accepted, closed = state.add(entity, ts, row)
+        assert accepted
+        return late, closed
+
+    assert feed("on", 1_000, False) == feed("off", 1_200, True) == (False, [])
+    late, closed = feed("off", 6_000, True)  # only the excluded device speaks: its time closes on's window
+    assert not late and [(c["entity"], c["start"], c["count"]) for c in closed] == [("on", 0, 1)]
+    assert [feed("off", 4_000, True)[0], feed("on", 4_500, False)[0]] == [True, True]
+
+
+def test_a_windows_row_has_its_table_attributes_after_its_aggregates():
+    fs = feature_set()
+    state = PartitionWindows(fs)
+    state.add("d1", 1_000, [1.0] * len(fs.inputs))
+    [closed] = state.close_all()
+    row = output_row(fs, "d1", closed, np.array([0.0, 1.0, 1600.0]))
+    assert tuple(row) == fs.columns and [row[n] for n in fs.attribute_names] == [0.0, 1.0, 1600.0]
+    with pytest.raises(ValueError):  # a joining feature set's row without its attributes is refused
+        output_row(fs, "d1", closed)
+
+
+def test_the_faust_job_takes_the_table_topic_read():
+    argv = faust_job.command("python", bootstrap="b", registry="r", redis_url="u", project="p", source="s",
+                             output="o", dlq="d", group="g", feature_set="f.yaml", table="ns.devices")
+    assert faust_job.parse_args(argv[3:]).table == "ns.devices"
+    assert faust_job.parse_args(argv[3:-2]).table is None  # the feature set's `enrichment.table`
 
 
 def test_the_live_entity_count_follows_versions_and_tombstones():
