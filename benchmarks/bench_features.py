@@ -162,7 +162,7 @@ def engines(stack: StackSettings, devices: int, seconds: float, faust: bool, fli
         argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
                                  redis_url=stack.redis_url, project=f"{prefix}-faust", source=source,
                                  output=output + "_faust", dlq=f"{prefix}.dlq.faust", group=f"{prefix}.faust",
-                                 feature_set=str(FEATURE_SET_FILE))
+                                 feature_set=str(FEATURE_SET_FILE), table=f"{prefix}.devices")
         worker = subprocess.Popen(argv, cwd=REPO, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
         try:
             first = wait_count(stack, output + "_faust", 1)
@@ -183,7 +183,8 @@ def engines(stack: StackSettings, devices: int, seconds: float, faust: bool, fli
             out = f"{output}_flink{parallelism}"
             create_topics(stack.kafka, [out])
             argv = job_argv(stack, feature_set=str(FEATURE_SET_FILE), dlq=f"{prefix}.dlq.flink",
-                            group=f"{prefix}.flink{parallelism}", source=source, output=out, bounded=True,
+                            group=f"{prefix}.flink{parallelism}", source=source, output=out,
+                            table=f"{prefix}.devices", bounded=True,
                             online_project=f"{prefix}-flink", parallelism=parallelism)
             failed: list[BaseException] = []
 
@@ -443,7 +444,7 @@ def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, se
     size_s = FEATURE_SET.window.size_ms / 1000
     argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
                              redis_url=stack.redis_url, project=f"{prefix}-faust", source=source, output=output,
-                             dlq=dlq, group=group, feature_set=str(FEATURE_SET_FILE))
+                             dlq=dlq, group=group, feature_set=str(FEATURE_SET_FILE), table=f"{prefix}.devices")
     worker = subprocess.Popen(argv, cwd=REPO, stdout=(tmp / "faust.log").open("wb"), stderr=subprocess.STDOUT)
     try:
         _wait_member(stack, group, worker)

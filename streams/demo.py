@@ -11,28 +11,34 @@ smaller simulation.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from confluent_kafka import Consumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
 from streams.avro import topic_codec
+from streams.features.enrich import FILTERED_METRIC
 from streams.launcher import Processors, high_watermarks, wait_quiet
 from streams.lifecycle.drill import LifecycleDrill
 from streams.plan import apply
 from streams.rules.spec import RulesSettings
 from streams.settings import StackSettings
 from streams.simulation import (
-    DeadLetter, Observed, Scoreboard, Simulator, build_simulator, flush, producer, run_ticks, send_truth,
+    DeadLetter, Observed, Scoreboard, Simulator, build_simulator, flush, producer, run_ticks, send_table, send_truth,
 )
 from streams.topology import Kind, Topology, load_topology
+
+log = logging.getLogger("tangram.demo")
 
 
 @dataclass
@@ -43,6 +49,7 @@ class Summary:
     events_sent: int
     counts: dict[str, int]  # topic → records produced during the run
     dlq_reasons: dict[str, int]  # "<dlq topic>:<reason>" → records
+    filtered: dict[str, int]  # "<attribute>=<value>" → records a feature stage's `keep` filtered out
     actions: list[dict]
     latencies_ms: list[float]  # event entering Kafka → action produced, for actions derived from an event
     scoreboard: Scoreboard = field(default_factory=Scoreboard)
@@ -146,6 +153,7 @@ def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator
         out = producer(stack)
         start_ms = int(time.time() * 1000)
         send_truth(stack, simulator, start_ms, out)
+        send_table(stack, simulator, start_ms, out)
         console.print(f"simulating {simulator.describe()} for {duration_s:g}s")
         sent, t0, last_report = 0, time.monotonic(), time.monotonic()
         for events in run_ticks(simulator, out, duration_s, start_ms):
@@ -162,17 +170,19 @@ def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator
         console.print("simulator done; waiting for the pipeline to drain")
         wait_quiet(probe, topology, timeout_s=max(60.0, duration_s * 5))
         after = high_watermarks(probe, topology)
+        filtered = filtered_counts(processors.endpoints())
         watcher.stop()
         counts: Counter = Counter()
         for tp, high in after.items():
             counts[tp.topic] += high - before[tp]
         observed = Observed(start_ms=start_ms, truth=[record for _, record in simulator.truth(start_ms)],
-                            actions=watcher.actions, dead_letters=watcher.dead_letters)
+                            actions=watcher.actions, dead_letters=watcher.dead_letters, filtered=filtered)
         return Summary(
             duration_s=time.monotonic() - t0,
             events_sent=sent,
             counts=dict(counts),
             dlq_reasons=dict(Counter(f"{d.topic}:{d.reason}" for d in watcher.dead_letters)),
+            filtered=filtered,
             actions=watcher.actions,
             latencies_ms=watcher.latencies_ms,
             scoreboard=simulator.score(observed),
@@ -187,6 +197,26 @@ def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator
         probe.close()
 
 
+def filtered_counts(endpoints: list[dict]) -> dict[str, int]:
+    """The records the processors' declared filters took out of the stream (``tangram_features_filtered_total``,
+    summed over replicas), "<attribute>=<value>" → count, read from their metrics endpoints."""
+    out: Counter = Counter()
+    for endpoint in endpoints:
+        if not endpoint.get("metrics_url"):
+            continue
+        try:
+            with urllib.request.urlopen(endpoint["metrics_url"], timeout=5) as response:
+                text = response.read().decode()
+        except OSError as exc:  # a replica that died: its count is gone with it, the others still count
+            log.warning("metrics of %s not readable: %s", endpoint.get("name"), exc)
+            continue
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == FILTERED_METRIC:
+                    out[f"{sample.labels['attribute']}={sample.labels['value']}"] += int(sample.value)
+    return dict(out)
+
+
 def print_summary(topology: Topology, summary: Summary, console: Console) -> None:
     flow = Table(title="pipeline", show_header=True)
     flow.add_column("stage")
@@ -197,6 +227,8 @@ def print_summary(topology: Topology, summary: Summary, console: Console) -> Non
     for topic in topology.topics:  # declaration order: the stages in the order the app declares them
         if topic not in skipped and summary.counts.get(topic):
             flow.add_row(topic, f"{summary.counts[topic]:,}")
+    for why, n in sorted(summary.filtered.items()):
+        flow.add_row(f"filtered out ({why})", f"{n:,}")
     for reason, n in sorted(summary.dlq_reasons.items()):
         flow.add_row(f"DLQ {reason}", f"{n:,}")
     for kind, n in sorted(summary.actions_by_type.items()):
@@ -221,6 +253,7 @@ def run_demo(stack: StackSettings, topology_path: Path, duration_s: float, entit
     print_summary(topology, summary, console)
     (stack.home / f"last_demo_{topology.app}.json").write_text(json.dumps({
         "events_sent": summary.events_sent, "counts": summary.counts, "dlq": summary.dlq_reasons,
+        "filtered": summary.filtered,
         "actions": summary.actions_by_type, "figures": summary.scoreboard.figures,
         "latency_ms": {"p50": summary.latency_ms(50), "p99": summary.latency_ms(99)}, "drill": summary.drill,
     }, indent=2, default=str))

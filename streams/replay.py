@@ -4,6 +4,8 @@
 partition) into a namespace of its own (``streams.namespace``): same keys,
 headers, timestamps and partitions. It reads with ``assign`` under a throwaway
 group that never commits, so the live consumer groups and topics are untouched.
+The simulator's ground truth and the entity tables the processors join (``tables:``)
+are copied whole: a table's versions in effect over the range were written before it.
 
 ``backtest`` runs the topology's processors over a replayed namespace with a
 chosen model version (or several, each in a namespace of its own) in event time,
@@ -41,7 +43,9 @@ from streams.launcher import Processors, high_watermarks, wait_quiet
 from streams.namespace import DELETE, namespaced
 from streams.plan import apply
 from streams.settings import StackSettings
-from streams.simulation import Observed, Simulator, build_simulator, flush, producer, run_ticks, send_truth
+from streams.simulation import (
+    Observed, Simulator, build_simulator, flush, producer, run_ticks, send_table, send_truth,
+)
 from streams.topology import Kind, Topology, load_topology
 
 #: A run id names folders and topics: letters, digits, ``_`` and ``-`` only (never a path).
@@ -175,14 +179,18 @@ def replay(stack: StackSettings, topology_path: Path, topic: str | None = None, 
                                 end_offset=end_offset, start_ms=start_ms, end_ms=end_ms, only=partitions)
         labels = _truth_topic(topology)
         label_ranges = resolve_ranges(consumer, labels, topology.partitions(labels)) if labels else {}
+        # the entity tables the processors join, whole: the versions in effect over the range began before it
+        tables = {table: resolve_ranges(consumer, table, topology.partitions(table))
+                  for table in dict.fromkeys(t for spec in topology.processors.values() for t in spec.tables)}
     finally:
         consumer.close()
     started = time.perf_counter()
     target = prefix + topic[len(topology.app):]
     copied = {target: copy_range(stack, topic, target, ranges)}
     seconds = time.perf_counter() - started
-    if labels:
-        copied[prefix + labels[len(topology.app):]] = copy_range(stack, labels, prefix + labels[len(topology.app):], label_ranges)
+    for whole, whole_ranges in ([(labels, label_ranges)] if labels else []) + list(tables.items()):
+        copied[prefix + whole[len(topology.app):]] = copy_range(stack, whole, prefix + whole[len(topology.app):],
+                                                                whole_ranges)
     run = Run(run_id=run_id, prefix=prefix, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
               source_topology=str(Path(topology_path).resolve()), topic=topic, ranges=ranges, records=copied[target],
               seconds=seconds, topology=str(ns_path), copied=copied)
@@ -436,6 +444,7 @@ def simulate_history(stack: StackSettings, simulator: Simulator, seconds: float,
     start_ms = end_ms - int(seconds * 1000)
     out = producer(stack, **{"linger.ms": 20})
     send_truth(stack, simulator, start_ms, out)
+    send_table(stack, simulator, start_ms, out)
     sent = sum(len(events) for events in run_ticks(simulator, out, seconds, start_ms, realtime=False, timestamps=True))
     flush(out, 60)
     return sent, start_ms

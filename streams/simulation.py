@@ -10,12 +10,16 @@ deploys)::
       kind: pm_app.simulator:FleetSimulator   # a Simulator, from the app's plugin code
       source: pm.raw.telemetry                # where the simulated producers write
       truth: pm.sim.labels                    # where it writes its ground truth (optional)
+      table: pm.devices                       # where it writes its entities' table (optional)
       params: {hz: 10.0}                      # validated by the simulator's own Settings
 
 A simulator is a plain class: :meth:`Simulator.tick` makes the events of one time step of every
 simulated entity, :meth:`Simulator.score` judges what the pipeline did with them, and the three
 verify hooks give step 1 (a valid and a malformed event), step 3 (an incident that must reach the
-SLA's sink) and step 4 (a fleet of valid events at a declared rate).
+SLA's sink) and step 4 (a fleet of valid events at a declared rate). :meth:`Simulator.table` gives the
+versions of the simulated entities' table over a run (a device registered, taken out of service, moved):
+each is produced before the run with its Kafka timestamp at the time it takes effect, so an event-time
+join (``enrichment:`` of a feature set) sees each version from then on, live or replayed.
 """
 
 from __future__ import annotations
@@ -60,6 +64,15 @@ class DeadLetter:
     message: str = ""
 
 
+@dataclass(frozen=True)
+class TableVersion:
+    """One version of an entity in the simulator's table: its value (None: a tombstone) from ``at_ms`` on."""
+
+    key: str
+    value: dict | None
+    at_ms: int
+
+
 @dataclass
 class Observed:
     """What a run produced, read back from the topics, for the simulator to score."""
@@ -69,6 +82,9 @@ class Observed:
     actions: list[dict] = field(default_factory=list)  # decoded actions of the rule processors, each with "_topic"
     predictions: list[dict] = field(default_factory=list)  # decoded predictions (backtests)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    #: records the stages filtered out as declared (a feature set's ``keep``), "<attribute>=<value>" → count,
+    #: from their metrics (nothing of them is on a topic)
+    filtered: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -118,6 +134,10 @@ class Simulator(ABC):
 
     def truth(self, start_ms: int) -> list[tuple[str, dict]]:
         """The ground truth of a run starting at ``start_ms``: (key, record) for the ``truth`` topic (Avro)."""
+        return []
+
+    def table(self, start_ms: int) -> list[TableVersion]:
+        """The versions of the simulated entities' table over a run starting at ``start_ms`` (for ``table``)."""
         return []
 
     @abstractmethod
@@ -170,6 +190,23 @@ def send_truth(stack: StackSettings, simulator: Simulator, start_ms: int, out: P
     for key, record in records:
         out.produce(spec.truth, truth_codec.encode(record), key)
     return len(records)
+
+
+def send_table(stack: StackSettings, simulator: Simulator, start_ms: int, out: Producer) -> int:
+    """Produce the simulator's entity table of a run to its ``table`` topic, each version stamped with the time
+    it takes effect (a tombstone for a removed entity)."""
+    spec = simulator.topology.simulator
+    versions = simulator.table(start_ms)
+    if not versions or spec is None or spec.table is None:
+        return 0
+    subject = simulator.topology.topics[spec.table].schema_
+    if subject is None:
+        raise TopologyError(f"the simulator's table topic {spec.table!r} needs an Avro schema")
+    table_codec = codec(stack.registry_url, subject, simulator.topology.schema(subject))
+    for version in versions:
+        value = None if version.value is None else table_codec.encode(version.value)
+        out.produce(spec.table, value, version.key, timestamp=version.at_ms)
+    return len(versions)
 
 
 def run_ticks(simulator: Simulator, out: Producer, duration_s: float, start_ms: int, *, realtime: bool = True,

@@ -190,6 +190,8 @@ class SimulatorSpec(_Model):
     kind: str = Field(description="`module:Class` of the app's plugin code, a streams.simulation.Simulator.")
     source: str = Field(description="The topic the simulated producers write to.")
     truth: str | None = Field(None, description="Topic the simulator writes its ground truth to, if any.")
+    table: str | None = Field(None, description="The simulated entities' table (a compacted topic keyed by entity, "
+                                                "e.g. the device register), if any: the versions in effect over a run.")
     params: dict[str, Any] = Field(default_factory=dict, description="Validated by the simulator's own settings.")
 
 
@@ -274,7 +276,7 @@ class Topology(_Model):
             raise ValueError(f"{', '.join(shared)}: both a gateway stream and an upload; an API key names what it may "
                              "write by that name, so give them different names")
         if self.simulator:
-            for topic in (self.simulator.source, self.simulator.truth):
+            for topic in (self.simulator.source, self.simulator.truth, self.simulator.table):
                 if topic and topic not in self.topics:
                     raise ValueError(f"simulator names topic {topic!r}, which is not declared under `topics`")
         return self

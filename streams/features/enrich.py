@@ -22,7 +22,9 @@ from prometheus_client import Counter
 from streams.features.spec import FeatureSet
 from streams.features.table import VersionedTable
 
-FILTERED = Counter("tangram_features_filtered_total", "Readings that left the stream by the feature set's `keep`.",
+#: Readings that left the stream by the feature set's ``keep`` (``tangram demo`` reads it back from the metrics).
+FILTERED_METRIC = "tangram_features_filtered_total"
+FILTERED = Counter(FILTERED_METRIC, "Readings that left the stream by the feature set's `keep`.",
                    ["processor", "attribute", "value"])
 
 

@@ -11,7 +11,7 @@ from reference import PM_TOPOLOGY as REFERENCE
 
 from streams.namespace import rooted
 
-_TOPIC = re.compile(r"\bpm\.(raw|ingest|features|predictions|actions|dlq|sim|monitor)\.([a-z_]+)\b(?!-value)")
+_TOPIC = re.compile(r"\bpm\.((?:raw|ingest|features|predictions|actions|dlq|sim|monitor)\.[a-z_]+|devices)\b(?!-value)")
 
 
 def isolated_topology(tmp_path: Path, source: Path = REFERENCE, *, own_state: bool = False) -> tuple[Path, str]:
@@ -21,7 +21,7 @@ def isolated_topology(tmp_path: Path, source: Path = REFERENCE, *, own_state: bo
     (``_tangram.models.<prefix>``, empty: the declared version), not the stack's, which other tests
     promote, roll back and degrade."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
-    text = _TOPIC.sub(lambda m: f"{prefix}.{m.group(1)}.{m.group(2)}", rooted(source.read_text(), source.parent))
+    text = _TOPIC.sub(lambda m: f"{prefix}.{m.group(1)}", rooted(source.read_text(), source.parent))
     text = re.sub(r"^app: pm$", f"app: {prefix}", text, flags=re.M)
     if own_state:
         doc = yaml.safe_load(text)

@@ -27,7 +27,8 @@ def test_erase_removes_the_entity_and_records_who_did_it(stack, tmp_path):
     gone, kept = f"dev-{uuid.uuid4().hex[:6]}", f"dev-{uuid.uuid4().hex[:6]}"
     for entity in (gone, kept):
         store.hset(layout.key(entity), "f", "1")
-    (labels,) = compacted_topics(topology)
+    labels, devices = f"{prefix}.sim.labels", f"{prefix}.devices"
+    assert sorted(compacted_topics(topology)) == sorted([labels, devices])  # the truth and the device register
     producer = Producer(stack.kafka.config({"enable.idempotence": True}))
     for entity in (gone, kept):
         producer.produce(labels, b'{"fault": "bearing_wear"}', entity.encode())
@@ -36,7 +37,7 @@ def test_erase_removes_the_entity_and_records_who_did_it(stack, tmp_path):
     done = erase(topology, gone, stack, actor="dpo@example.com", reason="GDPR request #1234")
 
     assert done.redis_keys == 1 and not store.exists(layout.key(gone)) and store.exists(layout.key(kept))
-    assert done.tombstones == {labels: 1}
+    assert done.tombstones == {labels: 1, devices: 1}  # every compacted topic keyed by the entity
     consumer = Consumer(stack.kafka.config({"group.id": f"t-{uuid.uuid4().hex}", "enable.auto.commit": False}))
     consumer.assign([TopicPartition(labels, 0, 0)])
     latest: dict[bytes, bytes | None] = {}

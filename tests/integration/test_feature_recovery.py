@@ -234,7 +234,8 @@ def test_faust_job_killed_mid_window_restores_its_table_and_emits_what_an_uninte
     expected, expected_late = expected_windows(readings, FEATURE_SET, 3)
     argv = faust_job.command(sys.executable, bootstrap=stack.bootstrap_servers, registry=stack.registry_url,
                              redis_url=stack.redis_url, project=f"{prefix}-faust", source=source, output=output,
-                             dlq=dlq, group=f"{prefix}.features-faust", feature_set=str(FEATURE_SET_FILE))
+                             dlq=dlq, group=f"{prefix}.features-faust", feature_set=str(FEATURE_SET_FILE),
+                             table=f"{prefix}.devices")
     log = (tmp_path / "faust.log").open("ab")
 
     def start() -> subprocess.Popen:

@@ -78,7 +78,7 @@ def test_a_killed_taskmanager_is_replaced_and_the_job_restores_from_its_checkpoi
         cluster.up()
         job = submit(stack, cluster.address, [
             "--bootstrap", stack.bootstrap_servers, "--registry", stack.registry_url, "--dlq", dlq,
-            "--group", f"{prefix}.features-flink", "--source", source, "--output", output,
+            "--group", f"{prefix}.features-flink", "--source", source, "--output", output, "--table", f"{prefix}.devices",
             "--feature-set", str(PM / "features" / "device_window.yaml"), "--checkpoint-ms", "1000",
             "--redis", stack.redis_url, "--project", prefix,
         ], log_path=tmp_path / "submit.log")

@@ -6,7 +6,8 @@ from streams.topology import load_topology
 
 TOPOLOGY = load_topology(PROJECT_ROOT / "topologies" / "predictive_maintenance" / "topology.yaml")
 IMAGES = PROJECT_ROOT / "docs" / "images" / "predictive_maintenance"
-REGENERATE = "run `tangram diagram topologies/predictive_maintenance` and commit docs/images/"
+REGENERATE = ("run `tangram diagram topologies/predictive_maintenance --out docs/images/predictive_maintenance` "
+              "and commit docs/images/")
 
 
 def test_dot_names_every_processor_topic_constraint_and_service():

@@ -88,13 +88,14 @@ def test_a_processor_on_the_secured_stack_wears_its_own_identity_never_the_opera
 
 # -- grants from the topology -------------------------------------------------------------------
 
-def test_each_processor_reads_its_inputs_writes_its_outputs_and_dlq_and_nothing_else():
+def test_each_processor_reads_its_inputs_and_tables_writes_its_outputs_and_dlq_and_nothing_else():
     topology = load_topology(PM_TOPOLOGY)
+    assert topology.processors["features"].tables == ["pm.devices"]
     for name, spec in topology.processors.items():
         grants = processor_grants(topology, name)
         reads = {g.name for g in grants if g.resource == "topic" and "READ" in g.operations and not g.prefixed}
         writes = {g.name for g in grants if "WRITE" in g.operations}
-        assert reads == set(spec.inputs)
+        assert reads == {*spec.inputs, *spec.tables}
         expected = {*spec.outputs, *([spec.dlq] if spec.dlq else [])}
         assert writes == (expected | {"_tangram.models"} if name == "canary" else expected), name
         assert {g.name for g in grants if g.prefixed} == {"_tangram.", "tangram-statelog-"}

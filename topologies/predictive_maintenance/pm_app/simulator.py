@@ -16,6 +16,11 @@ drift jobs (``streams.monitor``) must notice: a ``shift`` (offset), a ``scale`` 
 a new ``category`` (a share of readings at a level never seen in training: a new sensor type,
 a recalibrated unit).
 
+Each device has an entry in the fleet's register (``Device.register``: model, site, install date, status,
+rated values), the table ``pm.devices`` the feature stage joins: the demo fleet takes one device out of
+service and moves another to the other site partway through a run (``Change``, ``Fleet.table``), and the
+readings a device sends while not ``online`` leave the stream at the feature stage, counted.
+
 The same physics feeds the training script (``windows_for_training``) and the
 live stream (``Fleet.tick``), so the model is trained on what it will see. ``FleetSimulator``
 is the app's simulator as the runtime's demo, verify and backtests drive it (``streams.simulation``).
@@ -23,6 +28,7 @@ is the app's simulator as the runtime's demo, verify and backtests drive it (``s
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import uuid
@@ -34,7 +40,7 @@ import numpy as np
 from pydantic import Field
 from rich.table import Table
 
-from streams.simulation import DeadLetter, Event, Observed, Scoreboard, Simulator, SimulatorSettings
+from streams.simulation import DeadLetter, Event, Observed, Scoreboard, Simulator, SimulatorSettings, TableVersion
 from streams.topology import Topology
 
 SENSORS: tuple[str, ...] = ("temperature", "vibration", "current", "pressure", "rpm")
@@ -42,6 +48,8 @@ MODEL_FAULTS: tuple[str, ...] = ("bearing_wear", "overheating")  # what the mode
 FAULTS: tuple[str, ...] = ("none", *MODEL_FAULTS, "sensor_dropout", "clock_skew", "malformed")
 CLOCK_SKEW_MS = 120_000
 RAMP_S = {"bearing_wear": 20.0, "overheating": 25.0}
+SITES: tuple[str, ...] = ("plant-a", "plant-b")
+INSTALLED_FROM = (datetime.date(2024, 1, 1) - datetime.date(1970, 1, 1)).days  # the fleet's first install date
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,13 @@ class Device:
             onset_s=onset_s if fault != "none" else math.inf,
         )
 
+    def register(self, site: str, status: str = "online") -> dict:
+        """The device's entry in the fleet register (``pm.devices-value``): rated values from its operating point."""
+        return {"device_id": self.device_id, "model": "P-100" if self.rpm0 < 1500 else "P-200", "site": site,
+                "install_date": INSTALLED_FROM + int(self.phase * 100),  # Avro `date`: days since 1970-01-01
+                "status": status, "rated_rpm": round(self.rpm0, -1), "rated_temperature": float(round(self.temp0)),
+                "rated_current": round(self.current0, 1)}
+
     def severity(self, t_s: float) -> float:
         """0 before the onset, rising linearly to 1 over the fault's ramp."""
         if t_s < self.onset_s or self.fault not in RAMP_S:
@@ -147,14 +162,31 @@ class Device:
         return out
 
 
-class Fleet:
-    """Devices sampled together at ``hz`` readings per second each."""
+@dataclass(frozen=True)
+class Change:
+    """A device's register entry changed ``at_s`` seconds into the run: its status, its site."""
 
-    def __init__(self, devices: list[Device], hz: float = 10.0, seed: int = 7, run_id: str | None = None):
+    device_id: str
+    at_s: float
+    status: str | None = None
+    site: str | None = None
+
+
+
+
+class Fleet:
+    """Devices sampled together at ``hz`` readings per second each, and their register over the run."""
+
+    def __init__(self, devices: list[Device], hz: float = 10.0, seed: int = 7, run_id: str | None = None,
+                 changes: Sequence[Change] = ()):
         self.devices = devices
         self.hz = hz
         self.rng = np.random.default_rng(seed)
         self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.changes = sorted(changes, key=lambda c: c.at_s)
+        #: readings sent while their device was not online, by "status=<status>": what the feature stage filters
+        self.sent_not_online: Counter[str] = Counter()
+        self._status = {d.device_id: "online" for d in devices}
 
     @classmethod
     def demo(cls, n_devices: int = 20, hz: float = 10.0, seed: int = 7) -> "Fleet":
@@ -169,7 +201,27 @@ class Fleet:
         for i in range(n_devices):
             fault, onset = plan[i] if i < len(plan) else ("none", math.inf)
             devices.append(Device.random(f"dev-{i:04d}", rng, fault, onset))
-        return cls(devices, hz, seed)
+        # two healthy devices, when there are: one moved to the other site, one taken out of service
+        changes = [Change(devices[i].device_id, at_s, **change)
+                   for i, at_s, change in ((len(plan) + 1, 10.0, {"site": SITES[0]}),
+                                           (len(plan), 20.0, {"status": "maintenance"})) if i < n_devices]
+        return cls(devices, hz, seed, changes=changes)
+
+    def table(self, start_ms: int) -> list[tuple[str, dict, int]]:
+        """The register over a run starting at ``start_ms``: every device (registered a minute before), then
+        each change, as (device, entry, in effect from ms)."""
+        entries = {d.device_id: d.register(SITES[i % len(SITES)]) for i, d in enumerate(self.devices)}
+        out = [(device, entry, start_ms - 60_000) for device, entry in entries.items()]
+        for change in self.changes:
+            entry = entries[change.device_id] = {**entries[change.device_id],
+                                                 **({"status": change.status} if change.status else {}),
+                                                 **({"site": change.site} if change.site else {})}
+            out.append((change.device_id, entry, start_ms + int(change.at_s * 1000)))
+        return out
+
+    def describe_changes(self) -> str:
+        return ", ".join(f"{c.device_id} " + (f"to {c.status}" if c.status else f"moved to {c.site}")
+                         + f" at +{c.at_s:g}s" for c in self.changes)
 
     def labels(self, start_ms: int) -> list[dict]:
         """Ground truth: one ``FaultLabel`` per device."""
@@ -187,8 +239,13 @@ class Fleet:
         """The JSON readings of sample step ``k`` for every device: (key, value bytes)."""
         t = np.array([k / self.hz])
         ts = start_ms + int(k * 1000 / self.hz)
+        for change in self.changes:
+            if change.status and change.at_s <= k / self.hz:
+                self._status[change.device_id] = change.status
         out = []
         for d in self.devices:
+            if (status := self._status[d.device_id]) != "online" and d.fault not in ("clock_skew", "malformed"):
+                self.sent_not_online[f"status={status}"] += 1
             row = d.sample(t, self.rng)[0]
             reading = {
                 "event_id": uuid.uuid4().hex,
@@ -325,13 +382,18 @@ class FleetSimulator(Simulator):
 
     def describe(self) -> str:
         faults = sorted({d.fault for d in self.fleet.devices} - {"none"})
-        return f"{len(self.fleet.devices)} devices at {self.fleet.hz:g} Hz (faults: {', '.join(faults) or 'none'})"
+        changes = self.fleet.describe_changes()
+        return (f"{len(self.fleet.devices)} devices at {self.fleet.hz:g} Hz (faults: {', '.join(faults) or 'none'}"
+                + (f"; register: {changes}" if changes else "") + ")")
 
     def tick(self, step: int, start_ms: int) -> list[Event]:
         return [Event(key, value, _event_id(value)) for key, value in self.fleet.tick(step, start_ms)]
 
     def truth(self, start_ms: int) -> list[tuple[str, dict]]:
         return [(label["device_id"], label) for label in self.fleet.labels(start_ms)]
+
+    def table(self, start_ms: int) -> list[TableVersion]:
+        return [TableVersion(device, entry, at_ms) for device, entry, at_ms in self.fleet.table(start_ms)]
 
     # -- verify -------------------------------------------------------------------------
     def probe(self, now_ms: int) -> tuple[Event, Event, str]:
@@ -378,6 +440,9 @@ class FleetSimulator(Simulator):
                  "device's fault, or before its onset)"]
         notes += [f"  {a['action_type']} {a['device_id']} rule={a['rule']} window_end={a['window_end']}"
                   for a in false_alarms]
+        for why, sent in sorted(self.fleet.sent_not_online.items()):
+            notes.append(f"readings of devices not online ({why}): {sent:,} sent, "
+                         f"{observed.filtered.get(why, 0):,} filtered out by the feature stage")
         delays = [d for f in faults.values() for d in f["delays_s"]]
         figures = {
             **{f"detected {f}": f"{faults[f]['detected']}/{faults[f]['devices']}" for f in ACTED_ON if f in faults},
@@ -386,6 +451,8 @@ class FleetSimulator(Simulator):
             "precision / recall / F1": f"{precision:.2f} / {recall:.2f} / "
                                        f"{2 * precision * recall / (precision + recall) if precision + recall else 0.0:.2f}",
             "faults": faults,
+            **{f"filtered {why}": f"{observed.filtered.get(why, 0)}/{sent}"
+               for why, sent in sorted(self.fleet.sent_not_online.items())},
         }
         return Scoreboard(tables=[table], figures=figures, notes=notes)
 
