@@ -34,7 +34,7 @@ from streams.plan import apply
 from streams.rules.spec import RulesSettings
 from streams.settings import StackSettings
 from streams.simulation import (
-    DeadLetter, Observed, Scoreboard, Simulator, build_simulator, flush, producer, run_ticks, send_table, send_truth,
+    DeadLetter, Observed, Scoreboard, Simulator, build_simulator, flush, producer, run_ticks, send_run_context,
 )
 from streams.topology import Kind, Topology, load_topology
 
@@ -152,8 +152,7 @@ def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator
             lifecycle.start()
         out = producer(stack)
         start_ms = int(time.time() * 1000)
-        send_truth(stack, simulator, start_ms, out)
-        send_table(stack, simulator, start_ms, out)
+        send_run_context(stack, simulator, start_ms, out)
         console.print(f"simulating {simulator.describe()} for {duration_s:g}s")
         sent, t0, last_report = 0, time.monotonic(), time.monotonic()
         for events in run_ticks(simulator, out, duration_s, start_ms):

@@ -44,7 +44,7 @@ from streams.namespace import DELETE, namespaced
 from streams.plan import apply
 from streams.settings import StackSettings
 from streams.simulation import (
-    Observed, Simulator, build_simulator, flush, producer, run_ticks, send_table, send_truth,
+    Observed, Simulator, build_simulator, flush, producer, run_ticks, send_run_context,
 )
 from streams.topology import Kind, Topology, load_topology
 
@@ -443,8 +443,7 @@ def simulate_history(stack: StackSettings, simulator: Simulator, seconds: float,
     end_ms = end_ms or int(time.time() * 1000)
     start_ms = end_ms - int(seconds * 1000)
     out = producer(stack, **{"linger.ms": 20})
-    send_truth(stack, simulator, start_ms, out)
-    send_table(stack, simulator, start_ms, out)
+    send_run_context(stack, simulator, start_ms, out)
     sent = sum(len(events) for events in run_ticks(simulator, out, seconds, start_ms, realtime=False, timestamps=True))
     flush(out, 60)
     return sent, start_ms

@@ -177,36 +177,27 @@ def producer(stack: StackSettings, **extra: Any) -> Producer:
                                         "linger.ms": 5, "compression.type": "lz4", **extra}))
 
 
-def send_truth(stack: StackSettings, simulator: Simulator, start_ms: int, out: Producer) -> int:
-    """Produce the simulator's ground truth of a run to its ``truth`` topic (keyed by the record's entity)."""
+def send_run_context(stack: StackSettings, simulator: Simulator, start_ms: int, out: Producer) -> int:
+    """Produce what the simulator says about a run besides its events: its ground truth to its ``truth`` topic
+    (keyed by the record's entity) and its entities' table to its ``table`` topic (each version stamped with
+    the time it takes effect, a tombstone for a removed entity). Returns the records produced."""
     spec = simulator.topology.simulator
-    records = simulator.truth(start_ms)
-    if not records or spec is None or spec.truth is None:
+    if spec is None:
         return 0
-    subject = simulator.topology.topics[spec.truth].schema_
-    if subject is None:
-        raise TopologyError(f"the simulator's truth topic {spec.truth!r} needs an Avro schema")
-    truth_codec = codec(stack.registry_url, subject, simulator.topology.schema(subject))
-    for key, record in records:
-        out.produce(spec.truth, truth_codec.encode(record), key)
-    return len(records)
-
-
-def send_table(stack: StackSettings, simulator: Simulator, start_ms: int, out: Producer) -> int:
-    """Produce the simulator's entity table of a run to its ``table`` topic, each version stamped with the time
-    it takes effect (a tombstone for a removed entity)."""
-    spec = simulator.topology.simulator
-    versions = simulator.table(start_ms)
-    if not versions or spec is None or spec.table is None:
-        return 0
-    subject = simulator.topology.topics[spec.table].schema_
-    if subject is None:
-        raise TopologyError(f"the simulator's table topic {spec.table!r} needs an Avro schema")
-    table_codec = codec(stack.registry_url, subject, simulator.topology.schema(subject))
-    for version in versions:
-        value = None if version.value is None else table_codec.encode(version.value)
-        out.produce(spec.table, value, version.key, timestamp=version.at_ms)
-    return len(versions)
+    sent = 0
+    for topic, records in ((spec.truth, [(key, record, None) for key, record in simulator.truth(start_ms)]),
+                           (spec.table, [(v.key, v.value, v.at_ms) for v in simulator.table(start_ms)])):
+        if topic is None or not records:
+            continue
+        subject = simulator.topology.topics[topic].schema_
+        if subject is None:
+            raise TopologyError(f"the simulator's topic {topic!r} needs an Avro schema")
+        encoder = codec(stack.registry_url, subject, simulator.topology.schema(subject))
+        for key, value, at_ms in records:
+            out.produce(topic, None if value is None else encoder.encode(value), key,
+                        **({"timestamp": at_ms} if at_ms is not None else {}))
+        sent += len(records)
+    return sent
 
 
 def run_ticks(simulator: Simulator, out: Producer, duration_s: float, start_ms: int, *, realtime: bool = True,
