@@ -24,13 +24,17 @@ from sys import intern
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from prometheus_client import Counter, Gauge
 
 from streams.errors import StackError
 from streams.wire import WireFormatError
 
 log = logging.getLogger("tangram.features.table")
+
+#: Broker answers that pass once a topic just created has its leaders (retried while restoring).
+RETRIED = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                     KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})
 
 TABLE_UPDATES = Counter("tangram_table_updates_total", "Table records applied (versions and tombstones).",
                         ["table", "kind"])
@@ -107,10 +111,11 @@ class TableFollower:
         if metadata is None or metadata.error is not None or not metadata.partitions:
             raise StackError(f"table topic {self.topic!r} does not exist: `tangram apply` creates it")
         partitions = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in metadata.partitions]
-        ends = {p.partition: self.consumer.get_watermark_offsets(p, timeout=10)[1] for p in partitions}
+        deadline = time.monotonic() + self.restore_timeout_s
+        ends = {p.partition: self._end(p, deadline) for p in partitions}
         self.consumer.assign(partitions)
         pending = {p for p, end in ends.items() if end > 0}
-        applied, deadline = 0, time.monotonic() + self.restore_timeout_s
+        applied = 0
         while pending:
             if time.monotonic() > deadline:
                 raise StackError(f"table {self.topic!r}: not restored within {self.restore_timeout_s:g}s "
@@ -123,6 +128,18 @@ class TableFollower:
         TABLE_ENTITIES.labels(self.topic).set(len(self.table))
         log.info("table %s restored: %d records, %d entities", self.topic, applied, len(self.table))
         return applied
+
+    def _end(self, partition: TopicPartition, deadline: float) -> int:
+        """The partition's high watermark; asked again while the broker's answer is retriable (a topic just
+        created has no leader yet: NOT_LEADER_FOR_PARTITION, LEADER_NOT_AVAILABLE)."""
+        while True:
+            try:
+                return self.consumer.get_watermark_offsets(partition, timeout=10)[1]
+            except KafkaException as exc:
+                if not exc.args[0].retriable() and exc.args[0].code() not in RETRIED or time.monotonic() > deadline:
+                    raise StackError(f"table {self.topic!r}: the end of partition {partition.partition} is not "
+                                     f"known: {exc.args[0].str()}") from exc
+                time.sleep(0.2)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._follow, name=f"table-{self.topic}", daemon=True)

@@ -6,9 +6,12 @@ runs that against Kafka); here versions are put by hand, as the follower puts th
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import yaml
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from pydantic import ValidationError
 
 from prometheus_client import REGISTRY
@@ -18,7 +21,8 @@ from streams.features.batch import BatchWindows
 from streams.features.compute import PartitionWindows, output_row
 from streams.features.enrich import Join
 from streams.features.spec import FeatureSet
-from streams.features.table import VersionedTable
+from streams.errors import StackError
+from streams.features.table import TableFollower, VersionedTable
 from streams.topology import Topology
 
 ENRICHMENT = {
@@ -211,3 +215,25 @@ def test_the_live_entity_count_follows_versions_and_tombstones():
     table.put("a", 3_000, {"site": "z"})
     table.put("b", 1_000, None)  # the same instant rewritten as a tombstone
     assert len(table) == 1 and table.at("b", 1_500) is None
+
+
+class _NoLeaderYet:
+    """A consumer whose broker has no leader for the table's partition for the first ``fails`` asks."""
+
+    def __init__(self, fails: int):
+        self.fails = fails
+
+    def get_watermark_offsets(self, partition, timeout):
+        if self.fails:
+            self.fails -= 1
+            raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+        return 0, 7
+
+
+def test_the_restore_asks_again_while_a_just_created_table_has_no_leader():
+    follower = TableFollower.__new__(TableFollower)
+    follower.topic, follower.consumer = "pm.devices", _NoLeaderYet(3)
+    assert follower._end(TopicPartition("pm.devices", 0), time.monotonic() + 5) == 7
+    follower.consumer = _NoLeaderYet(10**6)
+    with pytest.raises(StackError, match="partition 0 is not known: .*[Nn]ot leader"):
+        follower._end(TopicPartition("pm.devices", 0), time.monotonic() + 0.5)
