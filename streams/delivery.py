@@ -459,7 +459,11 @@ class Runner:
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
-        self._watchdog = Watchdog(self.processor.name)  # a process of its own: it may end itself
+
+    def end_when_stuck(self) -> None:
+        """For a processor that is a process of its own: a transactional call stuck past its deadline ends the
+        process (:class:`Watchdog`), so that its restart recovers."""
+        self._watchdog = Watchdog(self.processor.name)
 
 
     def run(self, max_batches: int | None = None) -> None:
