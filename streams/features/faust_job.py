@@ -22,8 +22,11 @@ Delivery: a window's output record is acknowledged by the broker before the stat
 says "emitted" is written to the table, and the state remembers the offset of the last
 reading applied to its partition and of the last added to each entity (a crash between the two keys
 leaves the entity's ahead: its reading, read again, moves the clock only), so a reading re-delivered
-after a crash is not counted twice: outputs may
-repeat (same ``event_id``), never go missing. Late readings go to the DLQ topic. The newest row
+after a crash is not counted twice. A reading is acknowledged to Faust (so its offset may be committed)
+only once the broker has acknowledged the changelog records of the state it changed: Faust's own
+``table[key] = value`` leaves them in a buffer that its pre-commit flush drains for at most 0.1 s a
+record, so a ``kill -9`` could lose state whose readings were already committed (a window short of a
+reading). Outputs may repeat (same ``event_id``), never go missing. Late readings go to the DLQ topic. The newest row
 of each entity goes to the online store, Feast's Redis store (``streams.features.layout``), under
 the Feast project ``--project``.
 
@@ -43,6 +46,7 @@ the attributes in effect at its last instant, after its aggregates.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import json
 import logging
@@ -117,6 +121,16 @@ def meta_key(partition: int) -> bytes:
 
 def open_key(partition: int, entity: str) -> bytes:
     return b"open:%d:" % partition + entity.encode()
+
+
+def ack_when_durable(event: faust.types.EventT, sent: list[asyncio.Future]) -> None:
+    """Acknowledge ``event`` once every changelog record of its state is acknowledged by the broker (a send
+    that fails leaves it unacknowledged: its offset is never committed and a restart reads it again)."""
+    if not sent:
+        event.ack()
+        return
+    done = asyncio.gather(*sent)
+    done.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or event.ack())
 
 
 def broker_credentials() -> faust.SASLCredentials | None:
@@ -217,20 +231,30 @@ def build_app(args: argparse.Namespace) -> faust.App:
                     state.open[(entity, window.start)] = window
         return state, applied, added
 
+    def put(partition: int, key: bytes, value: bytes | None) -> asyncio.Future:
+        """Set (``None``: delete) a key of the table and send its changelog record; what the broker's ack resolves."""
+        if value is None:
+            table.data.pop(key, None)
+            return table.send_changelog(partition, key, None, value_serializer="raw")
+        table.data[key] = value
+        return table.send_changelog(partition, key, value)
+
     @app.agent(source)
     async def windows(stream: faust.StreamT) -> None:
-        async for event in stream.events():
+        async for event in stream.noack().events():  # acknowledged by ack_when_durable, never before
             msg = event.message
             entity = event.key.decode("utf-8") if event.key is not None else ""
             if msg.partition not in held:
                 held[msg.partition] = restore(msg.partition)
             state, applied, added = held[msg.partition]
             if msg.offset <= applied:
+                event.ack()
                 continue  # re-delivered after a restart: already in the state
             try:
                 reading = in_codec.decode(event.value)
             except WireFormatError as exc:
                 await dead_letter(event, "undecodable", str(exc))
+                event.ack()
                 continue
             ts = reading[fs.source.timestamp_field]
             late = False
@@ -260,15 +284,19 @@ def build_app(args: argparse.Namespace) -> faust.App:
             if closed:
                 store.flush()
             # only what changed goes to the changelog: the entities whose windows changed, then the partition's clock
+            sent = []
             for name in ({entity} if joined else set()) | {w["entity"] for w in closed}:
                 mine = [w for (e, _), w in state.open.items() if e == name]
                 if mine:
-                    table[open_key(msg.partition, name)] = encode_windows(mine, added.get(name, -1))
+                    sent.append(put(msg.partition, open_key(msg.partition, name), encode_windows(mine, added.get(name, -1))))
+                elif open_key(msg.partition, name) in table.data:
+                    added.pop(name, None)
+                    sent.append(put(msg.partition, open_key(msg.partition, name), None))
                 else:
                     added.pop(name, None)
-                    table.pop(open_key(msg.partition, name), None)
             held[msg.partition] = (state, msg.offset, added)
-            table[meta_key(msg.partition)] = encode_meta(state, msg.offset)
+            sent.append(put(msg.partition, meta_key(msg.partition), encode_meta(state, msg.offset)))
+            ack_when_durable(event, sent)
 
     return app
 

@@ -57,3 +57,37 @@ def test_bytes_that_are_not_a_state_are_refused_and_run_nothing(hostile: bytes) 
         decode_meta(hostile, PartitionWindows(load_feature_set(FEATURE_SET)))
     with pytest.raises((ValueError, KeyError, TypeError)):
         decode_windows(hostile)
+
+
+class _Event:
+    acked = 0
+
+    def ack(self) -> None:
+        self.acked += 1
+
+
+def test_a_reading_is_acknowledged_only_once_its_changelog_records_are() -> None:
+    """The job acknowledges a reading (so Faust may commit its offset) after the broker acknowledged the
+    changelog records of the state it changed, never before, and never when one of them failed."""
+    import asyncio
+
+    from streams.features.faust_job import ack_when_durable
+
+    async def scenario() -> tuple[int, int, int, int]:
+        loop = asyncio.get_running_loop()
+        durable, failed, nothing = _Event(), _Event(), _Event()
+        sent = [loop.create_future(), loop.create_future()]
+        ack_when_durable(durable, sent)
+        sent[0].set_result("metadata")
+        await asyncio.sleep(0)
+        before = durable.acked  # one record of two acknowledged: not yet
+        sent[1].set_result("metadata")
+        bad = [loop.create_future()]
+        ack_when_durable(failed, bad)
+        bad[0].set_exception(OSError("broker gone"))
+        ack_when_durable(nothing, [])
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return before, durable.acked, failed.acked, nothing.acked
+
+    assert asyncio.run(scenario()) == (0, 1, 0, 1)
