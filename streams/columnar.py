@@ -7,7 +7,8 @@ once per batch with numpy.
 
 It covers the flat records that are the contracts between Tangram's stages: ``boolean``,
 ``int``, ``long``, ``float``, ``double``, ``string``, ``bytes``, ``enum``, two-branch unions with
-``null``, and (encoding only) maps of numbers with the same keys in every row. It writes exactly
+``null``, and maps of numbers with the same keys in every row (a batch whose maps differ in their
+keys is read record by record). It writes exactly
 the bytes fastavro writes (tests compare them). It reads only what it can prove: a batch in
 which some value is not in the codec's own schema id, or does not decode exactly to its last
 byte, is not read here at all — :meth:`BatchCodec.decode` returns ``None`` and the caller falls
@@ -160,7 +161,6 @@ class BatchCodec:
         self.small_batch = small_batch
         self._record_writer = record_writer
         self.fields = [self._field(f) for f in schema["fields"]]
-        self.can_decode = all(f.kind != "map" for f in self.fields)
         # Neighbouring fixed-width fields, read together: doubles and floats, or nullable ones (when a batch
         # holds no null there, a nullable run is a fixed layout too: branch byte, value, branch byte, ...).
         self._runs: list[list[_Field]] = []
@@ -279,7 +279,7 @@ class BatchCodec:
         with NaN for null, not a list (the hot path of numeric stages: no Python object per value).
         """
         rows = len(values)
-        if not self.can_decode or rows == 0 or rows < self.small_batch or None in values:
+        if rows == 0 or rows < self.small_batch or None in values:
             return None
         sizes = np.fromiter(map(len, values), dtype=np.int64, count=rows)
         blob = b"".join(values)
@@ -415,6 +415,8 @@ class _Reader:
         where = np.flatnonzero(present)
         if len(where):
             values = self.value(f, where)
+            if isinstance(values, MapColumn):
+                values = [dict(zip(values.keys, row)) for row in values.values.tolist()]
             for i, v in zip(where.tolist(), values.tolist() if isinstance(values, np.ndarray) else values):
                 column[i] = v
         return column
@@ -456,8 +458,44 @@ class _Reader:
             self._high = np.concatenate(([0], np.cumsum(self.data >= 0x80, dtype=np.int64)))
         return self._high
 
+    def map(self, f: _Field, rows: np.ndarray | None) -> MapColumn:
+        """A map of numbers with the same keys, in the same order, in every row (else ``_Undecodable``):
+        one block of them, then the end of the map."""
+        count = self.varint(rows)
+        if len(count) == 0:
+            return MapColumn((), np.empty((0, 0)))
+        n = int(count[0])
+        if n < 0 or (count != n).any():  # a block with its byte size, or other keys in some row
+            raise _Undecodable
+        keys, cells = [], []
+        dtype, width = _FIXED[f.map_values]
+        for _ in range(n):
+            lengths = self.varint(rows)
+            size = int(lengths[0])
+            if size < 0 or (lengths != size).any():
+                raise _Undecodable
+            pos = self.pos if rows is None else self.pos[rows]
+            raw = self.data[np.minimum(pos[:, None] + np.arange(size), len(self.data) - 1)]
+            if not (raw == raw[0]).all():
+                raise _Undecodable
+            if rows is None:
+                self.pos = self.pos + size
+            else:
+                self.pos[rows] += size
+            self._check()
+            try:
+                keys.append(raw[0].tobytes().decode("utf-8"))
+            except UnicodeDecodeError:
+                raise _Undecodable from None
+            cells.append(self.fixed(width, dtype, rows))
+        if n and (self.varint(rows) != 0).any():  # a second block: read record by record
+            raise _Undecodable
+        return MapColumn(tuple(keys), np.column_stack(cells) if cells else np.empty((len(count), 0)))
+
     def value(self, f: _Field, rows: np.ndarray | None) -> Any:
         kind = f.kind
+        if kind == "map":
+            return self.map(f, rows)
         if kind in _FIXED:
             dtype, width = _FIXED[kind]
             return self.fixed(width, dtype, rows)

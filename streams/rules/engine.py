@@ -22,15 +22,17 @@ import decimal
 import hashlib
 import operator
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import rule_engine
 from rule_engine import ast as rast
 
 from streams.errors import TopologyError
 from streams.rules.spec import Level, RuleSpec
+from streams.rules.vector import Column, NotVectorised, Vector, vectorise
 
 _IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
 _STRING = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
@@ -150,11 +152,27 @@ class CompiledRule:
             self._closure: Closure | None = closure(self.rule.statement.expression)
         except _Uncovered:
             self._closure = None  # rule-engine evaluates it, every time
+        try:
+            self._vector: Vector | None = vectorise(self.rule.statement.expression)
+        except NotVectorised:
+            self._vector = None  # record by record only
 
     @property
     def compiled(self) -> bool:
         """Whether the rule runs as closures (else rule-engine evaluates its tree)."""
         return self._closure is not None
+
+    @property
+    def vectorised(self) -> bool:
+        """Whether :meth:`matches_batch` can evaluate the rule over columns."""
+        return self._vector is not None
+
+    def matches_batch(self, columns: Mapping[str, Column], rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Over a batch's columns (every symbol the rule reads; see :mod:`streams.rules.vector`): per row, whether
+        the rule holds and whether that is known here (a row not known is for :meth:`matches` to decide)."""
+        assert self._vector is not None, f"rule {self.spec.name!r} is not vectorised"
+        result = self._vector(columns, rows)
+        return result.truth() & result.valid, result.valid
 
     def matches(self, context: dict) -> bool:
         """Whether the rule holds for ``context``; ``rule_engine.EngineError`` when it cannot be evaluated."""

@@ -46,9 +46,11 @@ from typing import Any
 import redis
 import rule_engine
 from confluent_kafka import TopicPartition
+import numpy as np
 from prometheus_client import Counter, Gauge
 
 from streams.avro import AvroCodec
+from streams.columnar import MapColumn
 from streams.wire import WireFormatError
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
@@ -60,6 +62,7 @@ from streams.rules.engine import CompiledRule, RuleBook, action_id
 from streams.rules.fusion import Fused, Fusion
 from streams.resilience import REDIS_FAILURES, Guard
 from streams.rules.spec import Level, RuleSpec, RuleSetValue, RulesSettings
+from streams.rules.vector import Column, column
 from streams.security.kafka import KafkaConnection
 
 log = logging.getLogger("tangram.rules")
@@ -240,31 +243,54 @@ class RuleProcessor(Processor):
     def process(self, batch: list[Record]) -> list[Output]:
         self._refresh()
         outputs: list[Output] = []
-        predictions: list[tuple[Record, dict]] = []
-        windows: list[tuple[Record, dict]] = []
-        for record in batch:
-            try:
-                value = self.input_codecs[record.topic].decode(record.value)
-            except (WireFormatError, ValueError, EOFError, KeyError, TypeError) as exc:
-                outputs.append(dead_letter(record, self.dlq_topic, self.name, exc, "undecodable"))
-                continue
-            (predictions if record.topic in self.prediction_topics else windows).append((record, value))
+        predictions, windows = self._split(batch, outputs)
         # Redis first, before any state changes: when it is down the batch is put back whole (backpressure)
-        self._online = self._read_online([p for _, p in predictions] + self._fusion_pending())
-        for _, value in predictions:
-            self.signals.prediction(value[self.entity], value[self.time], value.get("inference_ms", 0.0))
-        for _, value in windows:
-            self.signals.window(value[self.entity], value[self.time])
+        self._online = self._read_online(predictions.entities + self._fusion_pending())
+        for entity, end, ms in zip(predictions.entities, predictions.times, predictions.inference_ms):
+            self.signals.prediction(entity, end, ms)
+        for entity, end in zip(windows.entities, windows.times):
+            self.signals.window(entity, end)
         level = self.levels.update(self.signals.values())
         if level in ("L0", "L1"):
             outputs += self._decide_predictions(predictions, level)
         else:
-            if predictions:
-                SKIPPED.labels(self.name, "level").inc(len(predictions))
+            if predictions.records:
+                SKIPPED.labels(self.name, "level").inc(len(predictions.records))
             outputs += self._decide_windows(windows, level)
         outputs += self._expire(level)
         self._online = {}
         return outputs
+
+    def _split(self, batch: list[Record], outputs: list[Output]) -> tuple[_Inputs, _Inputs]:
+        """The batch's predictions and feature windows (an undecodable record is dead-lettered into ``outputs``)."""
+        predictions: list[Record] = []
+        windows: list[Record] = []
+        for record in batch:
+            (predictions if record.topic in self.prediction_topics else windows).append(record)
+        rules = (*self.book.at("L0"), *self.book.at("L1"))
+        wanted = {self.entity, self.time, "inference_ms", *(s for r in rules for s in r.symbols)}
+        return self._inputs(predictions, wanted, outputs), self._inputs(windows, {self.entity, self.time}, outputs)
+
+    def _inputs(self, records: list[Record], wanted: set[str], outputs: list[Output]) -> _Inputs:
+        """``records`` decoded a batch at a time (the ``wanted`` fields as columns) when they are of one topic
+        and its batch codec reads them all; else record by record, each undecodable one to the DLQ."""
+        topics = {r.topic for r in records}
+        if len(topics) == 1:
+            codec = self.input_codecs[next(iter(topics))]
+            if isinstance(codec, AvroCodec) and codec.batch is not None:  # Avro, a flat record
+                fields = [f["name"] for f in codec.schema_json["fields"] if f["name"] in wanted]
+                columns = codec.batch.decode([r.value for r in records], only=fields)
+                if columns is not None:
+                    return _Inputs(self, records, [None] * len(records), columns)
+        kept, values = [], []
+        for record in records:
+            try:
+                values.append(self.input_codecs[record.topic].decode(record.value))
+            except (WireFormatError, ValueError, EOFError, KeyError, TypeError) as exc:
+                outputs.append(dead_letter(record, self.dlq_topic, self.name, exc, "undecodable"))
+                continue
+            kept.append(record)
+        return _Inputs(self, kept, values, None)
 
     def idle(self) -> list[Output]:
         self._refresh()
@@ -278,23 +304,23 @@ class RuleProcessor(Processor):
         finally:
             self._online = {}
 
-    def _fusion_pending(self) -> list[dict]:
-        """The predictions waiting in fusion groups (decided from the online features when they expire)."""
+    def _fusion_pending(self) -> list[str]:
+        """The entities of the predictions waiting in fusion groups (decided from the online features when they expire)."""
         if self.fusion is None:
             return []
-        return [{self.entity: entity} for entity, _ in self.fusion.groups]
+        return [entity for entity, _ in self.fusion.groups]
 
-    def _read_online(self, values: list[dict]) -> dict[str, dict]:
-        """The online features of the entities of ``values`` (one read), when some rule may read them."""
-        if not values:
+    def _read_online(self, entities: list[str]) -> dict[str, dict]:
+        """The online features of ``entities`` (one read), when some rule may read them."""
+        if not entities:
             return {}
         # the fields the rules of the levels that decide with the online features read (L0, L1), narrowed
         reads = self._online_reads(tuple(dict.fromkeys((*self.book.at("L0"), *self.book.at("L1")))))
         if reads is None:
             return {}
-        entities = list(dict.fromkeys(v[self.entity] for v in values))
-        rows = self._redis(read_online_features, self.redis, entities, reads)
-        return dict(zip(entities, rows))
+        unique = list(dict.fromkeys(entities))
+        rows = self._redis(read_online_features, self.redis, unique, reads)
+        return dict(zip(unique, rows))
 
     def _expire(self, level: Level) -> list[Output]:
         if self.fusion is None or not self.fusion.groups:
@@ -305,17 +331,19 @@ class RuleProcessor(Processor):
             return []
         return self._decide_fused(fused, level)
 
-    def _decide_predictions(self, predictions: list[tuple[Record, dict]], level: Level) -> list[Output]:
+    def _decide_predictions(self, predictions: _Inputs, level: Level) -> list[Output]:
+        keys = zip(predictions.entities, predictions.times)
+        todo = [i for i, key in enumerate(keys) if not self._seen_other_path(key, by_model=True)]
         if self.fusion is not None:
             fused: list[Fused] = []
-            for record, prediction in predictions:
-                if self._seen_other_path((prediction[self.entity], prediction[self.time]), by_model=True):
-                    continue
-                fused += self.fusion.add(record, prediction, cheap_only=level != "L0")
+            for i in todo:
+                fused += self.fusion.add(predictions.records[i], predictions.value(i), cheap_only=level != "L0")
             return self._decide_fused(fused, level)
-        todo = [(r, p) for r, p in predictions
-                if not self._seen_other_path((p[self.entity], p[self.time]), by_model=True)]
-        return self._evaluate([(r, p, ()) for r, p in todo], level, with_online=True)
+        rules = self.book.at(level)
+        if predictions.columns is None or not all(r.vectorised for r in rules):
+            return self._evaluate([(predictions.records[i], predictions.value(i), ()) for i in todo], level,
+                                  with_online=True)
+        return self._evaluate_columns(predictions, todo, rules, level)
 
     def _decide_fused(self, fused: list[Fused], level: Level) -> list[Output]:
         items = []
@@ -330,11 +358,12 @@ class RuleProcessor(Processor):
             items.append((f.records[0], f.prediction, f.missing))
         return self._evaluate(items, level, with_online=True)
 
-    def _decide_windows(self, windows: list[tuple[Record, dict]], level: Level) -> list[Output]:
-        todo = [(r, w) for r, w in windows if not self._seen_other_path((w[self.entity], w[self.time]), by_model=False)]
+    def _decide_windows(self, windows: _Inputs, level: Level) -> list[Output]:
+        keys = zip(windows.entities, windows.times)
+        todo = [i for i, key in enumerate(keys) if not self._seen_other_path(key, by_model=False)]
         if level == "L3":
-            return [o for r, w in todo if (o := self._safe_default(r, w)) is not None]
-        return self._evaluate([(r, w, ()) for r, w in todo], level, with_online=False)
+            return [o for i in todo if (o := self._safe_default(windows.records[i], windows.value(i))) is not None]
+        return self._evaluate([(windows.records[i], windows.value(i), ()) for i in todo], level, with_online=False)
 
     def _seen_other_path(self, key: tuple[str, int], by_model: bool) -> bool:
         """Remember how ``key`` is decided; True if it was already decided on the other path."""
@@ -347,6 +376,12 @@ class RuleProcessor(Processor):
             self._decided.popitem(last=False)
         return False
 
+    @staticmethod
+    def _blank(rules: tuple[CompiledRule, ...]) -> dict:
+        """Null for every symbol ``rules`` read: a record's context starts from it, so every symbol is present
+        (rule-engine's slow path for an unknown symbol computes spelling suggestions first)."""
+        return dict.fromkeys((s for r in rules for s in r.symbols), None)
+
     def _evaluate(self, items: list[tuple[Record, dict, tuple[str, ...]]], level: Level,
                   with_online: bool) -> list[Output]:
         if not items:
@@ -357,12 +392,10 @@ class RuleProcessor(Processor):
             by_entity = self._online  # read for the batch before anything changed (see ``process``)
             unread = list(dict.fromkeys(v[self.entity] for _, v, _ in items if v[self.entity] not in by_entity))
             if unread:  # not expected: every entity decided here was read first
-                by_entity = {**by_entity, **self._read_online([{self.entity: e} for e in unread])}
+                by_entity = {**by_entity, **self._read_online(unread)}
             online = [by_entity.get(v[self.entity], {}) for _, v, _ in items]
         outputs = []
-        # every symbol a rule reads is present (null when unknown): rule-engine's slow path for an
-        # unknown symbol computes spelling suggestions before it falls back to null
-        blank = dict.fromkeys((s for r in rules for s in r.symbols), None)
+        blank = self._blank(rules)
         for (record, value, missing), features in zip(items, online):
             context = {**blank, **features, **value}
             fired_types: set[str] = set()
@@ -384,14 +417,67 @@ class RuleProcessor(Processor):
                     _child(SUPPRESSED, self.name, rule.spec.name, "priority").inc()
                     continue
                 fired_types.add(rule.spec.action)
-                if (out := self._fire(rule, record, value, context, level, missing)) is not None:
-                    outputs.append(out)
+                if not self._rule_held_back(rule, value[self.entity], value[self.time]):
+                    outputs.append(self._fire(rule, record, value, context, level, missing))
             if failed:
                 log.warning("%s: %s: %d rule(s) could not be evaluated, to the DLQ: %s", self.name, record.where,
                             len(failed), "; ".join(failed))
                 reason = "rule_missing_input" if missing_input else "rule_unevaluable"
                 outputs.append(dead_letter(record, self.dlq_topic, self.name, "; ".join(failed), reason))
         return outputs
+
+    def _evaluate_columns(self, predictions: _Inputs, todo: list[int], rules: tuple[CompiledRule, ...],
+                          level: Level) -> list[Output]:
+        """:meth:`_evaluate` for a batch decoded as columns: every rule over every row at once
+        (:mod:`streams.rules.vector`); a row on which no rule holds is done, a row on which some rule is not
+        known goes to :meth:`_evaluate`, and the firings of the others are held back or emitted as there."""
+        if not todo or not rules:
+            return []
+        n = len(todo)
+        columns = self._rule_columns(predictions, todo, rules)
+        verdicts = [rule.matches_batch(columns, n) for rule in rules]
+        holds = np.stack([h for h, _ in verdicts])  # rules x rows
+        decided = np.stack([k for _, k in verdicts]).all(axis=0)
+        reads = self._online_reads(rules) is not None
+        outputs: list[Output] = []
+        for j in np.flatnonzero(holds.any(axis=0) | ~decided).tolist():
+            i = todo[j]
+            record = predictions.records[i]
+            if not decided[j]:
+                outputs += self._evaluate([(record, predictions.value(i), ())], level, with_online=True)
+                continue
+            entity, end = predictions.entities[i], predictions.times[i]
+            fired_types: set[str] = set()
+            for k in np.flatnonzero(holds[:, j]).tolist():
+                rule = rules[k]
+                if rule.spec.action in fired_types:
+                    _child(SUPPRESSED, self.name, rule.spec.name, "priority").inc()
+                    continue
+                fired_types.add(rule.spec.action)
+                if not self._rule_held_back(rule, entity, end):
+                    value = predictions.value(i)
+                    context = {**self._blank(rules), **(self._online.get(entity, {}) if reads else {}), **value}
+                    outputs.append(self._fire(rule, record, value, context, level, ()))
+        return outputs
+
+    def _rule_columns(self, predictions: _Inputs, todo: list[int], rules: tuple[CompiledRule, ...]) -> dict[str, Column]:
+        """The column of every symbol ``rules`` read, over the rows ``todo``: the prediction's field, else the
+        entity's online feature (when the rules read the online store), else none (null)."""
+        index = np.asarray(todo, dtype=np.int64)
+        features = None
+        columns: dict[str, Column] = {}
+        for symbol in dict.fromkeys(s for r in rules for s in r.symbols):
+            if symbol in predictions.columns:
+                values = predictions.columns[symbol]
+                if isinstance(values, MapColumn):
+                    continue  # a map is no plain value: the record path decides these rows
+                columns[symbol] = column(values[index] if isinstance(values, np.ndarray) else [values[i] for i in todo],
+                                         len(todo))
+            elif self._online_reads(rules) is not None:
+                if features is None:
+                    features = [self._online.get(predictions.entities[i], {}) for i in todo]
+                columns[symbol] = column([f.get(symbol) for f in features], len(todo))
+        return columns
 
     def _online_reads(self, rules: tuple[CompiledRule, ...]) -> FeastLayout | None:
         """The online-store layout narrowed to the features ``rules`` read that a prediction does not carry
@@ -407,6 +493,12 @@ class RuleProcessor(Processor):
                     double_fields=tuple(f for f in layout.double_fields if f in needed))
         return self._reads[rules]
 
+    def _rule_held_back(self, rule: CompiledRule, entity: str, end: int) -> bool:
+        """Whether a firing of ``rule`` on ``entity`` at ``end`` is held back (a repeat, or in its cooldown)."""
+        spec = rule.spec
+        cooldown = self.settings.cooldown_ms if spec.cooldown_s is None else int(spec.cooldown_s * 1000)
+        return self._held_back(spec.name, spec.action, entity, end, cooldown)
+
     def _held_back(self, name: str, action: str, entity: str, end: int, cooldown_ms: int) -> bool:
         if self._fired_windows.get((entity, name)) == end:
             _child(SUPPRESSED, self.name, name, "duplicate").inc()
@@ -420,11 +512,9 @@ class RuleProcessor(Processor):
         return False
 
     def _fire(self, rule: CompiledRule, record: Record, value: dict, context: dict, level: Level,
-              missing: tuple[str, ...]) -> Output | None:
-        spec, entity, end = rule.spec, value[self.entity], value[self.time]
-        cooldown = self.settings.cooldown_ms if spec.cooldown_s is None else int(spec.cooldown_s * 1000)
-        if self._held_back(spec.name, spec.action, entity, end, cooldown):
-            return None
+              missing: tuple[str, ...]) -> Output:
+        """The action of ``rule`` firing on ``value`` (not held back: see :meth:`_rule_held_back`)."""
+        spec = rule.spec
         inputs = {s: float(context[s]) for s in rule.symbols
                   if isinstance(context.get(s), (int, float)) and not isinstance(context.get(s), bool)}
         shown = ", ".join(f"{s}={context[s]:.4g}" if isinstance(context[s], float) else f"{s}={context[s]!r}"
@@ -475,6 +565,35 @@ class RuleProcessor(Processor):
         _child(FIRED, self.name, rule, level).inc()
         headers = carry_headers(record, **{H_EVENT_ID: action["event_id"]})
         return Output(topic, entity, self.output_codecs[topic].encode(action), headers)
+
+
+class _Inputs:
+    """The records of one kind (predictions, or feature windows) of a micro-batch: each one's entity and time,
+    its value decoded only when something needs it, and ``columns`` — the fields the rules read — when the
+    records were decoded as one batch (``None``: each was decoded on its own)."""
+
+    def __init__(self, processor: RuleProcessor, records: list[Record], values: list[dict | None],
+                 columns: dict[str, Any] | None):
+        self.records, self.columns = records, columns
+        self._values, self._codecs = values, processor.input_codecs
+        entity, time = processor.entity, processor.time
+        if columns is not None:
+            self.entities: list[str] = list(columns[entity])
+            self.times: list[int] = np.asarray(columns[time]).tolist()
+            ms = columns.get("inference_ms")
+            self.inference_ms: list[float] = ms.tolist() if isinstance(ms, np.ndarray) else [0.0] * len(records)
+        else:
+            self.entities = [v[entity] for v in values]
+            self.times = [v[time] for v in values]
+            self.inference_ms = [v.get("inference_ms", 0.0) for v in values]
+
+    def value(self, i: int) -> dict:
+        """Record ``i``'s value (decoded by its codec the first time: the batch codec already proved it decodes)."""
+        value = self._values[i]
+        if value is None:
+            record = self.records[i]
+            value = self._values[i] = self._codecs[record.topic].decode(record.value)
+        return value
 
 
 @lru_cache(maxsize=4096)

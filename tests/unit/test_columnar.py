@@ -148,7 +148,35 @@ def test_unsupported_schemas_are_said_so():
     nested = {"type": "record", "name": "N", "fields": [{"name": "inner", "type": {"type": "array", "items": "long"}}]}
     assert not BatchCodec.supports(nested)
     assert BatchCodec.supports(SCHEMA)
-    assert BatchCodec(load_schema("pm.predictions.anomaly-value"), HEADER).can_decode is False  # maps: encode only
+
+
+def _prediction(i: int, probabilities: dict) -> dict:
+    return {"event_id": f"e{i}", "device_id": f"dev-{i}", "window_start": 1000 * i, "window_end": 1000 * i + 5000,
+            "score": 0.1 * i, "label": "healthy", "confidence": 0.9, "probabilities": probabilities,
+            "model_name": "anomaly", "model_version": "1", "inference_ms": 2.5, "trace_id": "t"}
+
+
+def test_decode_reads_maps_with_the_same_keys_in_every_row():
+    schema = load_schema("pm.predictions.anomaly-value")
+    rows = [_prediction(i, {"healthy": 1 - 0.1 * i, "bearing_wear": 0.1 * i, "overheating": 0.0}) for i in range(6)]
+    decoded = BatchCodec(schema, HEADER).decode([fastavro_bytes(schema, r) for r in rows])
+    assert decoded is not None
+    probabilities = decoded["probabilities"]
+    assert isinstance(probabilities, MapColumn) and probabilities.keys == ("healthy", "bearing_wear", "overheating")
+    assert probabilities.values.tolist() == [list(r["probabilities"].values()) for r in rows]
+    assert decoded["inference_ms"].tolist() == [2.5] * 6 and decoded["trace_id"] == ["t"] * 6
+    empty = [fastavro_bytes(schema, _prediction(i, {})) for i in range(3)]
+    assert BatchCodec(schema, HEADER).decode(empty)["probabilities"].keys == ()
+
+
+@pytest.mark.parametrize("other", [{"healthy": 0.5, "overheating": 0.5},  # fewer keys
+                                   {"overheating": 0.0, "healthy": 1.0, "bearing_wear": 0.0},  # another order
+                                   {"healthy": 1.0, "bearing_weat": 0.0, "overheating": 0.0}])  # another key
+def test_decode_leaves_maps_with_other_keys_to_the_record_codec(other):
+    schema = load_schema("pm.predictions.anomaly-value")
+    same = {"healthy": 1.0, "bearing_wear": 0.0, "overheating": 0.0}
+    values = [fastavro_bytes(schema, _prediction(i, same)) for i in range(3)]
+    assert BatchCodec(schema, HEADER).decode(values + [fastavro_bytes(schema, _prediction(3, other))]) is None
 
 
 def test_small_batches_go_record_by_record_with_the_same_bytes():

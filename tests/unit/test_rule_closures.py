@@ -66,13 +66,17 @@ def test_the_closures_decide_what_rule_engine_decides(when, context):
     assert outcome(rule.matches, context) == outcome(rule.rule.matches, context), (when, context)
 
 
-@pytest.mark.parametrize("when", [
+#: Rules of the shape the reference apps declare.
+REFERENCE_RULES = [
     "label == 'bearing_wear' and confidence >= 0.8",
     "missing_rate > 0.3",
     "vibration_std > 1.2 and vibration_mean > 3.5",
     "not complete or (code_valid and min_confidence < 0.8) or (not code_valid and code_confidence < 0.9)",
     "gallery_distance <= 12",
-])
+]
+
+
+@pytest.mark.parametrize("when", REFERENCE_RULES)
 def test_the_reference_apps_rules_run_as_closures(when):
     assert CompiledRule(RuleSpec(name="r", when=when, action="review")).compiled
 
