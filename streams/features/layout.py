@@ -30,6 +30,7 @@ the application, the Faust job and the Feast environment all import it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 import struct
@@ -179,9 +180,11 @@ def field_hash(feature_view: str, feature: str) -> bytes:
     return _U32.pack(mmh3.hash(f"{feature_view}:{feature}", signed=False))
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def entity_key(join_key: str, entity_id: str,
                version: int = ENTITY_KEY_SERIALIZATION_VERSION) -> bytes:
-    """Feast's ``serialize_entity_key`` of one string join key (serialization version 3)."""
+    """Feast's ``serialize_entity_key`` of one string join key (serialization version 3); the keys of the
+    last 262,144 entities asked are kept (the rule processor asks for a batch's entities every batch)."""
     if version != 3:
         raise ValueError(f"entity_key_serialization_version {version} is not supported: Feast 0.67 writes 3")
     k, v = join_key.encode(), entity_id.encode()
@@ -349,6 +352,19 @@ class FeastLayout:
         """All double fields at once: when each value is the 9-byte ``double_val`` form, one unpack reads them."""
         n, first = len(self.double_fields), len(self.int_fields)
         return struct.Struct("<" + "xd" * n), [9] * n, bytes([_DOUBLE_TAG]) * n, slice(first, first + n)
+
+    def decode_doubles(self, replies: Sequence[Sequence[bytes | None]], name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Double field ``name`` of every row read by ``HMGET``s of ``read_fields``, as one array, and where it is
+        a plain double (False where the entity has no row, the value is Feast's null or another encoding)."""
+        at = len(self.int_fields) + self.double_fields.index(name)
+        cells = [values[at] if values[-1] is not None else None for values in replies]
+        valid = np.fromiter((c is not None and len(c) == 9 and c[0] == _DOUBLE_TAG for c in cells), dtype=bool,
+                            count=len(cells))
+        out = np.zeros(len(cells), dtype=np.float64)
+        if valid.any():
+            joined = np.frombuffer(b"".join(c for c, ok in zip(cells, valid) if ok), dtype=np.uint8)
+            out[valid] = joined.reshape(-1, 9)[:, 1:].copy().view("<f8").reshape(-1)
+        return out, valid
 
     def decode_row(self, values: Sequence[bytes | None]) -> dict[str, float | int | None]:
         """The row read by an ``HMGET`` of ``read_fields`` (``{}`` when the entity has no row in this view)."""

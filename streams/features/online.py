@@ -28,9 +28,10 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+import numpy as np
 import redis
 import redis.asyncio
 
@@ -147,15 +148,55 @@ class OnlineWriter:
 
 def read_online_features(client: redis.Redis, entity_ids: list[str], layout: FeastLayout) -> list[dict]:
     """The newest row of each entity in the online store (``{}`` when unknown), in one command."""
+    return [layout.decode_row(values) for values in _hmget_many(client, entity_ids, layout)]
+
+
+def read_online_rows(client: redis.Redis, entity_ids: list[str], layout: FeastLayout) -> OnlineRows:
+    """:func:`read_online_features` of distinct entities, each row decoded only when it is asked for."""
+    return OnlineRows(layout, entity_ids, _hmget_many(client, entity_ids, layout))
+
+
+def _hmget_many(client: redis.Redis, entity_ids: list[str], layout: FeastLayout) -> list[list[bytes | None]]:
+    """Feast's ``HMGET`` of ``layout.read_fields`` for each entity, in one command (the ``HMGET_MANY`` script)."""
     if not entity_ids:
         return []
     keys = [layout.key(e) for e in entity_ids]
     try:
-        replies = client.evalsha(HMGET_MANY_SHA, len(keys), *keys, *layout.read_fields)
+        return client.evalsha(HMGET_MANY_SHA, len(keys), *keys, *layout.read_fields)
     except redis.exceptions.NoScriptError:  # a fresh or restarted Redis: load the script once
         client.script_load(HMGET_MANY)
-        replies = client.evalsha(HMGET_MANY_SHA, len(keys), *keys, *layout.read_fields)
-    return [layout.decode_row(values) for values in replies]
+        return client.evalsha(HMGET_MANY_SHA, len(keys), *keys, *layout.read_fields)
+
+
+class OnlineRows(Mapping[str, dict]):
+    """The rows of a batch of distinct entities read from the online store: a mapping entity → row (``{}`` when
+    unknown), each decoded the first time it is asked for, and a double field of them all as one array."""
+
+    def __init__(self, layout: FeastLayout, entity_ids: list[str], replies: list[list[bytes | None]]):
+        self.layout, self.entities, self._replies = layout, entity_ids, replies
+        self._index = {e: i for i, e in enumerate(entity_ids)}
+        self._rows: dict[str, dict] = {}
+
+    def __getitem__(self, entity: str) -> dict:
+        row = self._rows.get(entity)
+        if row is None:
+            row = self._rows[entity] = self.layout.decode_row(self._replies[self._index[entity]])
+        return row
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entities)
+
+    def __len__(self) -> int:
+        return len(self.entities)
+
+    def __contains__(self, entity: object) -> bool:
+        return entity in self._index
+
+    def doubles(self, name: str, entities: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Double field ``name`` of each of ``entities`` (all read here) and where it is a plain double."""
+        values, valid = self.layout.decode_doubles(self._replies, name)
+        index = np.fromiter((self._index[e] for e in entities), dtype=np.int64, count=len(entities))
+        return values[index], valid[index]
 
 
 class OnlineLookup:

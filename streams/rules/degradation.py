@@ -62,7 +62,10 @@ class GoldenSignals:
         self._predicted: dict[tuple[str, int], float] = {}  # predictions whose window has not arrived (yet)
         self._outcomes: deque[tuple[float, bool]] = deque()  # (when decided, missing?)
         self._missing = 0  # of the outcomes, those missing
-        self._latencies: deque[tuple[float, float]] = deque(maxlen=self.LATENCY_SAMPLES)
+        # the newest predictions' arrival times and inference latencies, side by side (the p99 reads the values
+        # as one array each batch: a deque of floats converts in C, a deque of pairs through a generator)
+        self._latency_at: deque[float] = deque(maxlen=self.LATENCY_SAMPLES)
+        self._latencies: deque[float] = deque(maxlen=self.LATENCY_SAMPLES)
         self._last_window: float | None = None
         self._last_prediction: float | None = None
         self._started = clock()
@@ -83,7 +86,8 @@ class GoldenSignals:
     def prediction(self, device: str, window_end: int, inference_ms: float) -> None:
         now = self.clock()
         self._last_prediction = now
-        self._latencies.append((now, float(inference_ms)))
+        self._latency_at.append(now)
+        self._latencies.append(float(inference_ms))
         key = (device, window_end)
         arrived = self._pending.pop(key, None)
         if arrived is not None:
@@ -103,11 +107,12 @@ class GoldenSignals:
             del self._predicted[next(iter(self._predicted))]
         while self._outcomes and self._outcomes[0][0] < horizon:
             self._missing -= self._outcomes.popleft()[1]
-        while self._latencies and self._latencies[0][0] < horizon:
+        while self._latency_at and self._latency_at[0] < horizon:
+            self._latency_at.popleft()
             self._latencies.popleft()
         n = len(self._outcomes)
         missing = self._missing / n if n >= self.spec.min_samples else None
-        p99 = (float(np.percentile(np.fromiter((v for _, v in self._latencies), float, len(self._latencies)), 99))
+        p99 = (float(np.percentile(np.fromiter(self._latencies, float, len(self._latencies)), 99))
                if len(self._latencies) >= self.spec.min_samples else None)
         windows_flowing = self._last_window is not None and self._last_window >= horizon
         age = now - (self._last_prediction or self._started) if windows_flowing else None

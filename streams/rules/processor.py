@@ -40,6 +40,7 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -56,7 +57,8 @@ from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
 from streams.errors import ServiceUnavailableError, TangramError, TopologyError
 from streams.features.layout import FeastLayout
-from streams.features import online_layout, read_online_features
+from streams.features import online_layout
+from streams.features.online import OnlineRows, read_online_rows
 from streams.rules.degradation import GoldenSignals, LevelController
 from streams.rules.engine import CompiledRule, RuleBook, action_id
 from streams.rules.fusion import Fused, Fusion
@@ -137,7 +139,7 @@ class RuleProcessor(Processor):
         self._next_manual: Level | None = None
         self.config = None
         self._rule_value: Any = None  # the config center's value of the rule set now in effect
-        self._online: dict[str, dict] = {}  # entity → online features, read for the batch being decided
+        self._online: Mapping[str, dict] = {}  # entity → online features, read for the batch being decided
         RULE_SET_VERSION.labels(processor).set(0)
 
     @classmethod
@@ -310,7 +312,7 @@ class RuleProcessor(Processor):
             return []
         return [entity for entity, _ in self.fusion.groups]
 
-    def _read_online(self, entities: list[str]) -> dict[str, dict]:
+    def _read_online(self, entities: list[str]) -> Mapping[str, dict]:
         """The online features of ``entities`` (one read), when some rule may read them."""
         if not entities:
             return {}
@@ -318,9 +320,7 @@ class RuleProcessor(Processor):
         reads = self._online_reads(tuple(dict.fromkeys((*self.book.at("L0"), *self.book.at("L1")))))
         if reads is None:
             return {}
-        unique = list(dict.fromkeys(entities))
-        rows = self._redis(read_online_features, self.redis, unique, reads)
-        return dict(zip(unique, rows))
+        return self._redis(read_online_rows, self.redis, list(dict.fromkeys(entities)), reads)
 
     def _expire(self, level: Level) -> list[Output]:
         if self.fusion is None or not self.fusion.groups:
@@ -464,6 +464,8 @@ class RuleProcessor(Processor):
         """The column of every symbol ``rules`` read, over the rows ``todo``: the prediction's field, else the
         entity's online feature (when the rules read the online store), else none (null)."""
         index = np.asarray(todo, dtype=np.int64)
+        entities = [predictions.entities[i] for i in todo]
+        online = self._online
         features = None
         columns: dict[str, Column] = {}
         for symbol in dict.fromkeys(s for r in rules for s in r.symbols):
@@ -473,9 +475,14 @@ class RuleProcessor(Processor):
                     continue  # a map is no plain value: the record path decides these rows
                 columns[symbol] = column(values[index] if isinstance(values, np.ndarray) else [values[i] for i in todo],
                                          len(todo))
-            elif self._online_reads(rules) is not None:
+            elif self._online_reads(rules) is None:
+                continue  # the rules read no online feature: null
+            elif isinstance(online, OnlineRows) and symbol in online.layout.double_fields:
+                values, valid = online.doubles(symbol, entities)
+                columns[symbol] = Column(float, values, valid & ~np.isnan(values))
+            else:
                 if features is None:
-                    features = [self._online.get(predictions.entities[i], {}) for i in todo]
+                    features = [online.get(e, {}) for e in entities]
                 columns[symbol] = column([f.get(symbol) for f in features], len(todo))
         return columns
 

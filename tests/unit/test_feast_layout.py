@@ -130,3 +130,21 @@ def test_rows_encoded_a_batch_at_a_time_are_the_bytes_of_encode_row():
     for row, values in zip(rows, layout.encode_rows(rows), strict=True):
         mapping = layout.encode_row(row)
         assert values == [mapping[f] for f in layout.read_fields], row["device_id"]
+
+
+def test_a_double_field_of_many_rows_decodes_as_one_array_where_each_row_decodes():
+    layout = FeastLayout.of(FEATURE_SET, "pm")
+    rng = random.Random(8)
+    rows = [{"device_id": f"dev-{i}", "window_start": 0, "window_end": 5000, "count": 50,
+             **{n: rng.gauss(0, 10) for n in FEATURE_SET.feature_names}} for i in range(5)]
+    replies = [[layout.encode_row(r)[f] for f in layout.read_fields] for r in rows]
+    first = len(layout.int_fields)
+    name = layout.double_fields[1]
+    replies[1][first + 1] = b""  # Feast's null
+    replies[2][first + 1] = Value(float_val=0.5).SerializeToString()  # another writer's encoding
+    replies[3] = [None] * len(layout.read_fields)  # no row
+    values, valid = layout.decode_doubles(replies, name)
+    assert valid.tolist() == [True, False, False, False, True]
+    for i in (0, 4):
+        assert values[i] == layout.decode_row(replies[i])[name] == rows[i][name]
+    assert layout.decode_doubles([], name)[0].shape == (0,)

@@ -19,6 +19,7 @@ from reference import load_schema
 from streams.avro import SMALL_BATCH, AvroCodec
 from streams.delivery import Record
 from streams.features.layout import FeastLayout
+from streams.features.online import OnlineRows
 from streams.rules import RuleSpec, RulesSettings
 from streams.rules.processor import RuleProcessor
 from streams.wire import parse
@@ -55,7 +56,8 @@ RULES = [
 
 
 class Processor(RuleProcessor):
-    """The rule processor with its online store replaced by a table (the read is a Redis script; here a dict)."""
+    """The rule processor with its online store replaced by a table: the Redis script's replies are made from
+    it in Feast's layout (``OnlineRows``, as ``read_online_rows`` returns them)."""
 
     def __init__(self, online: dict[str, dict]):
         settings = RulesSettings(rules=RULES, entity_field="device_id", time_field="window_end", actions=TOPICS,
@@ -70,8 +72,14 @@ class Processor(RuleProcessor):
         self.table = online
         self.columns_batches = 0
 
-    def _read_online(self, entities: list[str]) -> dict[str, dict]:
-        return {e: self.table.get(e, {}) for e in dict.fromkeys(entities)}
+    def _read_online(self, entities: list[str]) -> OnlineRows:
+        layout, unique = self.features_layout, list(dict.fromkeys(entities))
+        replies = []
+        for e in unique:
+            row = self.table.get(e)
+            stored = layout.encode_row(row) if row is not None else {}
+            replies.append([stored.get(field) for field in layout.read_fields])
+        return OnlineRows(layout, unique, replies)
 
     def _evaluate_columns(self, *args, **kwargs):
         self.columns_batches += 1
