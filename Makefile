@@ -129,7 +129,7 @@ bench-stack: setup $(QUIX_VENV)/.installed
 test: setup helm
 	$(BIN)/tangram schemas check topologies/predictive_maintenance
 	$(BIN)/tangram schemas check topologies/document_intake
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q --durations=25 tests
 
 unit: $(VENV)/.installed helm
 	$(BIN)/pytest -q tests/unit
