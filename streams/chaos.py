@@ -9,7 +9,10 @@ faults one after the other:
 - ``freeze:redis`` / ``freeze:triton``: SIGSTOP for ``fault_s``, then SIGCONT. Triton's is the real
   ``tritonserver`` process and its backend stubs (PyTriton's wrapper process serves nothing);
 - ``stop:redis`` / ``stop:triton``: the server stopped for ``fault_s``, then started again;
-- ``kill:broker``: ``kill -9`` of the Kafka broker, restarted after ``fault_s``;
+- ``kill:broker``: ``kill -9`` of the Kafka broker, restarted after ``fault_s``. On a stack of several
+  nodes (``TANGRAM_KAFKA_BROKERS=3``) it is node 1, one broker of three, and the campaign's copy of the
+  topology replicates every topic min(3, nodes) times with one fewer in sync (unless the app declares more);
+  the node stays down at least until the chain has caught up without it (how long that took is in the note);
 - ``registry-at-start:<processor>``: the schema registry stopped, the processor killed and restarted
   while it is down, the registry started ``fault_s`` later (the processor must start then);
 - ``oversize``: one record just under the producer's size limit (its dead letter, with the DLQ
@@ -117,6 +120,8 @@ class Report:
     duration_s: float
     faults: list[FaultResult]
     accounting: Accounting
+    brokers: int = 1
+    replication: int = 1  # of the load's topic, as the campaign's copy of the topology declares it
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
@@ -205,6 +210,11 @@ class Campaign:
         self._folder = tempfile.TemporaryDirectory(prefix="tangram-chaos-")
         original = load_topology(self.app)
         overrides = {f"processors/{n}/exactly_once": True for n in original.processors} if exactly_once else {}
+        # On a stack of several brokers the app's topics are replicated as production would have them, so that
+        # a broker's loss is one Kafka survives: min(3, brokers) replicas, one fewer in sync for an acknowledgement.
+        replicas = min(3, stack.kafka_brokers)
+        if original.defaults.replication_factor < replicas:
+            overrides |= {"defaults/replication_factor": replicas, "defaults/min_insync_replicas": replicas - 1}
         self.path = namespaced(self.app, self.prefix, Path(self._folder.name) / "topology.yaml", overrides)
         self.topology = load_topology(self.path)
         if faults in (SHORT, LONG):  # the presets name the reference app's processors: those the app has
@@ -255,7 +265,7 @@ class Campaign:
             processors.stop()
             self.probe.close()
         return Report(topology.app, self.exactly_once, self.rate, round(time.monotonic() - load.started, 1),
-                      results, accounting)
+                      results, accounting, self.stack.kafka_brokers, topology.replication(load.source))
 
     def close(self) -> None:
         self._folder.cleanup()
@@ -265,12 +275,19 @@ class Campaign:
         """Inject ``fault``; returns a note and when it ended (monotonic)."""
         kind, _, target = fault.partition(":")
         if kind == "kill" and target == "broker":
-            kafka = self.services["kafka"]
+            kafka, nodes = self.services["kafka"], self.stack.kafka_brokers
             os.kill(self._pid(kafka), signal.SIGKILL)
+            killed = time.monotonic()
             self._wait_dead(kafka)
-            time.sleep(self.fault_s)
+            note = "broker kill -9, restarted"
+            if nodes > 1:  # the others serve on: the chain must catch up while this one is down
+                served = self._caught_up(killed, timeout_s=self.fault_s + 30)
+                note = (f"broker kill -9 (node 1 of {nodes}); with it down the chain "
+                        + ("did not catch up within the timeout" if served is None else f"caught up in {served:.1f} s")
+                        + "; restarted")
+            time.sleep(max(0.0, killed + self.fault_s - time.monotonic()))
             kafka.wait_ready(kafka.start(), self.stack.start_timeout_s)
-            return "broker kill -9, restarted", time.monotonic()
+            return note, time.monotonic()
         if kind == "kill":
             processors.kill(target)
             processors.start_one(target)
@@ -507,7 +524,8 @@ def _header(msg, name: str) -> str:  # noqa: ANN001 - confluent-kafka's Message
 
 def print_report(report: Report, console: Console) -> None:
     faults = Table(title=f"chaos: {report.app} ({'exactly-once' if report.exactly_once else 'at-least-once'}), "
-                         f"{report.rate:g} events/s for {report.duration_s:g}s")
+                         f"{report.rate:g} events/s for {report.duration_s:g}s"
+                         + (f", {report.brokers} brokers, topics replicated x{report.replication}" if report.brokers > 1 else ""))
     for col in ("fault", "at", "lasted", "recovery", "note"):
         faults.add_column(col)
     for f in report.faults:

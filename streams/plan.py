@@ -58,10 +58,10 @@ def plan(topology: Topology, stack: StackSettings, *, models: bool = True) -> li
         raise TopologyError(f"cannot reach Kafka at {stack.kafka}: {exc}; is the stack up (`tangram up`)?") from exc
     changes: list[Change] = []
     to_describe = []
-    for name, spec in topology.topics.items():
+    for name in topology.topics:
         want = topology.partitions(name)
         if name not in existing:
-            configs = " ".join(f"{k}={v}" for k, v in spec.configs().items())
+            configs = " ".join(f"{k}={v}" for k, v in topology.topic_configs(name).items())
             changes.append(Change("create-topic", name, f"{want} partitions, rf {topology.replication(name)}, {configs}"))
             continue
         have = len(existing[name].partitions)
@@ -74,7 +74,7 @@ def plan(topology: Topology, stack: StackSettings, *, models: bool = True) -> li
         futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, n) for n in to_describe])
         for resource, future in futures.items():
             current = future.result(timeout=TIMEOUT_S)
-            wanted = topology.topics[resource.name].configs()
+            wanted = topology.topic_configs(resource.name)
             diff = {k: v for k, v in wanted.items() if current[k].value != v}
             if diff:
                 changes.append(Change("alter-config", resource.name, ", ".join(f"{k}={current[k].value}→{v}" for k, v in diff.items())))
@@ -103,7 +103,7 @@ def apply(topology: Topology, stack: StackSettings, *, models: bool = True) -> l
     admin = _admin(stack)
     creates = [
         NewTopic(c.target, num_partitions=topology.partitions(c.target), replication_factor=topology.replication(c.target),
-                 config=topology.topics[c.target].configs())
+                 config=topology.topic_configs(c.target))
         for c in changes if c.kind == "create-topic"
     ]
     if creates:
@@ -116,7 +116,7 @@ def apply(topology: Topology, stack: StackSettings, *, models: bool = True) -> l
             _wait(future, f"add partitions to {name}")
     for c in changes:
         if c.kind == "alter-config":
-            resource = ConfigResource(ConfigResource.Type.TOPIC, c.target, set_config=topology.topics[c.target].configs())
+            resource = ConfigResource(ConfigResource.Type.TOPIC, c.target, set_config=topology.topic_configs(c.target))
             for _, future in admin.alter_configs([resource]).items():
                 _wait(future, f"alter configs of {c.target}")
     registry = SchemaRegistryClient({"url": stack.registry_url, "timeout": TIMEOUT_S})

@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streams.security.kafka import KafkaConnection, KafkaSecurity
@@ -43,6 +43,10 @@ class StackSettings(BaseSettings):
     triton_host: str | None = Field(None, description="Where clients reach Triton, if not `host`.")
     kafka_port: int = Field(9092, description="Kafka broker listener.")
     kafka_controller_port: int = Field(9093, description="KRaft controller listener.")
+    kafka_brokers: int = Field(
+        1, ge=1, le=5, description="Kafka nodes of the local stack (KRaft, each broker and controller): 3 runs a "
+                                   "cluster that survives the loss of one node. Node i listens on kafka_port + 2(i-1) "
+                                   "and kafka_controller_port + 2(i-1).")
     registry_port: int = Field(8081, description="Schema registry REST API.")
     redis_port: int = Field(6379, description="Redis (online feature store).")
     redis_username: str | None = Field(
@@ -90,9 +94,25 @@ class StackSettings(BaseSettings):
         """Paths fixed when the settings are made, so that a process started elsewhere finds the same stack."""
         return path.absolute()
 
+    @model_validator(mode="after")
+    def _kafka_ports_distinct(self) -> "StackSettings":
+        ports = [port for n in range(1, self.kafka_brokers + 1) for port in self.kafka_node_ports(n)]
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"kafka_port {self.kafka_port} and kafka_controller_port {self.kafka_controller_port} give "
+                             f"{self.kafka_brokers} Kafka nodes overlapping ports {ports}: put the controller port "
+                             "one above the broker port")
+        return self
+
+    def kafka_node_ports(self, node: int) -> tuple[int, int]:
+        """The broker and controller ports of local Kafka node ``node`` (1-based)."""
+        return self.kafka_port + 2 * (node - 1), self.kafka_controller_port + 2 * (node - 1)
+
     @property
     def bootstrap_servers(self) -> str:
-        return f"{self.kafka_host or self.host}:{self.kafka_port}"
+        """Every broker of the local stack (or the one ``kafka_host`` names): a client starts from any that answers."""
+        if self.kafka_host:
+            return f"{self.kafka_host}:{self.kafka_port}"
+        return ",".join(f"{self.host}:{self.kafka_node_ports(n)[0]}" for n in range(1, self.kafka_brokers + 1))
 
     @property
     def secrets(self) -> SecretStore:

@@ -68,9 +68,13 @@ class LogRecord:
 
 
 class StateTopic:
-    """A one-partition compacted topic holding JSON state records."""
+    """A one-partition compacted topic holding JSON state records.
 
-    def __init__(self, kafka: KafkaConnection, topic: str, timeout_s: float = 10.0, replication_factor: int = 1) -> None:
+    Created with ``replication_factor`` replicas; -1 (the default) takes the cluster's
+    ``default.replication.factor``: 1 on a one-node stack, 3 on a three-node one.
+    """
+
+    def __init__(self, kafka: KafkaConnection, topic: str, timeout_s: float = 10.0, replication_factor: int = -1) -> None:
         self.kafka = kafka
         self.topic = topic
         self.timeout_s = timeout_s

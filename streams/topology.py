@@ -48,6 +48,10 @@ class _Model(BaseModel):
 class Defaults(_Model):
     partitions: int = Field(3, ge=1)
     replication_factor: int = Field(1, ge=1)
+    min_insync_replicas: int | None = Field(
+        None, ge=1, description="Replicas that must have a record before the broker acknowledges it (producers use "
+                                "acks=all): with replication_factor 3, 2 keeps writing through the loss of one broker "
+                                "and loses nothing acknowledged. None: the broker's setting.")
 
 
 class DataConstraints(_Model):
@@ -72,6 +76,7 @@ class TopicSpec(_Model):
 
     partitions: int | None = Field(None, ge=1, description="Defaults to the topology's default.")
     replication_factor: int | None = Field(None, ge=1)
+    min_insync_replicas: int | None = Field(None, ge=1, description="Defaults to the topology's default.")
     retention_ms: int | None = Field(None, ge=-1, description="-1 keeps forever.")
     cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
     format: Literal["avro", "json", "bytes"] = "avro"
@@ -270,6 +275,9 @@ class Topology(_Model):
         for topic, spec in self.topics.items():
             if spec.schema_ and not self.schema_path(spec.schema_).is_file():
                 raise ValueError(f"topic {topic!r}: no schema file {self.schema_path(spec.schema_)}")
+            if (in_sync := self.min_insync(topic)) and in_sync > self.replication(topic):
+                raise ValueError(f"topic {topic!r}: min_insync_replicas {in_sync} above its replication factor "
+                                 f"{self.replication(topic)}: no write could ever be acknowledged")
         for name, upload in self.uploads.items():
             self._check_upload(name, upload)
         if shared := sorted(set(self.uploads) & set(self.gateways)):
@@ -344,6 +352,16 @@ class Topology(_Model):
 
     def replication(self, topic: str) -> int:
         return self.topics[topic].replication_factor or self.defaults.replication_factor
+
+    def min_insync(self, topic: str) -> int | None:
+        return self.topics[topic].min_insync_replicas or self.defaults.min_insync_replicas
+
+    def topic_configs(self, topic: str) -> dict[str, str]:
+        """The topic-level Kafka configs the topology pins for ``topic`` (its own, then the defaults')."""
+        configs = self.topics[topic].configs()
+        if in_sync := self.min_insync(topic):
+            configs["min.insync.replicas"] = str(in_sync)
+        return configs
 
     def processors_of(self, kind: str) -> dict[str, ProcessorSpec]:
         """The processors of one kind (``Kind.RULES``, or an app's ``module:Class``), in declaration order."""

@@ -154,8 +154,8 @@ def chart_values(topology: Topology, settings: ChartSettings) -> dict:
         "payloads": _payload_values(topology, settings),
         "topics": {
             topic: {"partitions": topology.partitions(topic), "replicas": topology.replication(topic),
-                    "config": spec.configs()}
-            for topic, spec in topology.topics.items()
+                    "config": topology.topic_configs(topic)}
+            for topic in topology.topics
         },
         "triton": {
             "image": TRITON_IMAGE,

@@ -27,7 +27,7 @@ log = logging.getLogger("tangram.registry")
 
 
 async def serve(host: str, port: int, kafka: KafkaConnection, topic: str, users: RegistryUsers | None = None,
-                replication_factor: int = 1) -> None:
+                replication_factor: int = -1) -> None:
     """Load the registry from Kafka, serve HTTP until SIGTERM/SIGINT."""
     kafka_log = KafkaLog(kafka, topic, replication_factor=replication_factor)
     registry = Registry(kafka_log)
@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap servers")
     parser.add_argument("--topic", default=TOPIC, help="compacted topic holding the schemas")
     parser.add_argument("--users", type=Path, help="users file (roles, scrypt hashes): require basic auth")
-    parser.add_argument("--replication-factor", type=int, default=1, help="of the topic, when the registry creates it")
+    parser.add_argument("--replication-factor", type=int, default=-1,
+                        help="of the topic, when the registry creates it (-1: the cluster's default.replication.factor)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:

@@ -25,7 +25,7 @@ class KafkaLog:
     """Create, replay and append to the registry topic (one partition, compacted)."""
 
     def __init__(self, kafka: KafkaConnection, topic: str = TOPIC, timeout_s: float = 30.0,
-                 replication_factor: int = 1) -> None:
+                 replication_factor: int = -1) -> None:
         self.kafka = kafka
         self.topic = topic
         self._log = StateTopic(kafka, topic, timeout_s, replication_factor)

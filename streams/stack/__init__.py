@@ -8,6 +8,7 @@ dependency order and waits until each answers; ``down`` stops them in reverse or
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ def _select(settings: StackSettings, only: Sequence[str] | None) -> list[Managed
     unknown = set(only) - set(NAMES)
     if unknown:
         raise StackError(f"unknown stack components {sorted(unknown)}; known: {', '.join(NAMES)}")
-    return [p for p in procs if p.name in only]
+    return [p for p in procs if p.component in only]
 
 
 def fetch_jars(settings: StackSettings) -> None:
@@ -66,25 +67,28 @@ def up(settings: StackSettings, only: Sequence[str] | None = None) -> None:
             p.prepare()
 
     started: list[ManagedProcess] = []
-    for p in procs:
-        if running[p.name] is not None:
-            # Started earlier, maybe still starting: wait for it before its dependents start.
-            p.wait_ready(running[p.name], settings.start_timeout_s)  # type: ignore[arg-type]
-            continue
+    # A component's processes start together, then are waited for: the nodes of a multi-node Kafka
+    # elect their controller among themselves, so none is ready before a majority runs.
+    for _, members in itertools.groupby(procs, key=lambda p: p.component):
+        members = list(members)
         t0 = time.monotonic()
-        pid = p.start()
-        started.append(p)
-        try:
-            p.wait_ready(pid, settings.start_timeout_s)
-        except StackError as exc:
-            _stderr.print(f"[red]{p.name} failed to start[/red]; last lines of {p.log_path}:")
-            _stderr.print(p.log_tail(), markup=False, highlight=False)
-            for q in reversed(started):
-                q.stop()
-            raise StackError(str(exc)) from None
-        if p.after_ready is not None:
-            p.after_ready()
-        log.info("%s: ready in %.1f s", p.name, time.monotonic() - t0)
+        fresh = [p for p in members if running[p.name] is None]
+        for p in fresh:
+            running[p.name] = p.start()
+            started.append(p)
+        for p in members:  # one started earlier may still be starting: its dependents wait for it too
+            try:
+                p.wait_ready(running[p.name], settings.start_timeout_s)  # type: ignore[arg-type]
+            except StackError as exc:
+                _stderr.print(f"[red]{p.name} failed to start[/red]; last lines of {p.log_path}:")
+                _stderr.print(p.log_tail(), markup=False, highlight=False)
+                for q in reversed(started):
+                    q.stop()
+                raise StackError(str(exc)) from None
+        for p in fresh:
+            if p.after_ready is not None:
+                p.after_ready()
+            log.info("%s: ready in %.1f s", p.name, time.monotonic() - t0)
     _print_table(procs)
 
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -42,14 +43,17 @@ def _http_ok(url: str) -> bool:
         return resp.status == 200
 
 
-def _kafka_ready(settings: StackSettings) -> bool:
-    if not port_open(settings.host, settings.kafka_port):
+def _kafka_ready(settings: StackSettings, node: int = 1) -> bool:
+    """Node ``node`` answers a metadata request and counts itself among the cluster's brokers."""
+    port = settings.kafka_node_ports(node)[0]
+    if not port_open(settings.host, port):
         return False  # spare librdkafka's connection-refused noise while the JVM starts
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(settings.kafka.config({"logger": logging.getLogger("tangram.stack.kafka-probe")}))
-    admin.list_topics(timeout=3.0)
-    return True
+    address = f"{settings.kafka_host or settings.host}:{port}"
+    admin = AdminClient(settings.kafka.config({"bootstrap.servers": address,
+                                               "logger": logging.getLogger("tangram.stack.kafka-probe")}))
+    return node in admin.list_topics(timeout=3.0).brokers
 
 
 def _redis_ready(settings: StackSettings) -> bool:
@@ -138,6 +142,26 @@ def _triton_env(settings: StackSettings) -> dict[str, str]:
     return env
 
 
+def _kafka_node(settings: StackSettings, node: int, files: Callable[[str], dict[str, Path]]) -> ManagedProcess:
+    """Kafka node ``node``: component ``kafka``, named ``kafka`` (node 1) or ``kafka-<node>``."""
+    broker, controller = settings.kafka_node_ports(node)
+    name = "kafka" if node == 1 else f"kafka-{node}"
+    return ManagedProcess(
+        name=name,
+        component="kafka",
+        argv=partial(kafka.argv, settings, node),
+        marker=str(kafka.properties_path(settings, node)),
+        host=settings.host,
+        ports={"broker": broker, "controller": controller},
+        address=f"{settings.kafka_host or settings.host}:{broker} (controller :{controller})",
+        probe=partial(_kafka_ready, settings, node),
+        prepare=partial(kafka.prepare, settings, node),
+        after_ready=partial(local.provision_registry_principal, settings) if settings.secure else None,
+        stop_timeout_s=30.0,
+        **files(name),
+    )
+
+
 def build(settings: StackSettings) -> list[ManagedProcess]:
     """The components of ``settings``'s stack, in start order."""
     h, logs, run = settings.host, settings.logs_dir, settings.home / "run"
@@ -146,19 +170,7 @@ def build(settings: StackSettings) -> list[ManagedProcess]:
         return {"log_path": logs / f"{name}.log", "pid_path": run / f"{name}.pid"}
 
     return [
-        ManagedProcess(
-            name="kafka",
-            argv=partial(kafka.argv, settings),
-            marker="kafka.Kafka",
-            host=h,
-            ports={"broker": settings.kafka_port, "controller": settings.kafka_controller_port},
-            address=f"{settings.bootstrap_servers} (controller :{settings.kafka_controller_port})",
-            probe=partial(_kafka_ready, settings),
-            prepare=partial(kafka.prepare, settings),
-            after_ready=partial(local.provision_registry_principal, settings) if settings.secure else None,
-            stop_timeout_s=30.0,
-            **files("kafka"),
-        ),
+        *(_kafka_node(settings, node, files) for node in range(1, kafka.node_count(settings) + 1)),
         ManagedProcess(
             name="registry",
             argv=partial(_registry_argv, settings),

@@ -1,8 +1,11 @@
 """Kafka of the local stack: jars from Maven Central, KRaft configuration, storage format.
 
-The broker is Apache Kafka 4.x from Maven Central (``streams/stack/maven/kafka-pom.xml``), run as one
-process in KRaft combined mode (broker and controller, ``node.id=1``) with
-``java -cp '<home>/kafka/libs/*' kafka.Kafka server.properties``.
+The broker is Apache Kafka 4.x from Maven Central (``streams/stack/maven/kafka-pom.xml``), run in KRaft
+combined mode (each node broker and controller) with ``java -cp '<home>/kafka/libs/*' kafka.Kafka
+server.properties``. One node by default; ``kafka_brokers`` (``TANGRAM_KAFKA_BROKERS=3``) runs that many,
+each with its own ports, configuration and storage, formatted with one cluster id. Replication factors of
+Kafka's own topics and the default of new topics follow the node count (3 at most), so a three-node stack
+keeps serving with one node down.
 """
 
 from __future__ import annotations
@@ -57,8 +60,14 @@ def config_dir(settings: StackSettings) -> Path:
     return settings.home / "kafka" / "config"
 
 
-def data_dir(settings: StackSettings) -> Path:
-    return settings.home / "kafka" / "data"
+def properties_path(settings: StackSettings, node: int = 1) -> Path:
+    """Node ``node``'s configuration (node 1's keeps the single-node stack's name)."""
+    return config_dir(settings) / ("server.properties" if node == 1 else f"server-{node}.properties")
+
+
+def data_dir(settings: StackSettings, node: int = 1) -> Path:
+    """Node ``node``'s log directory (node 1's keeps the single-node stack's name)."""
+    return settings.home / "kafka" / ("data" if node == 1 else f"data-{node}")
 
 
 def java() -> str:
@@ -112,24 +121,32 @@ def fetch_jars(settings: StackSettings) -> Path:
     return libs
 
 
-def server_properties(settings: StackSettings) -> str:
-    """The KRaft combined-mode configuration of the single local node (secured when ``settings.secure``)."""
-    h = settings.host
+def server_properties(settings: StackSettings, node: int = 1) -> str:
+    """The KRaft combined-mode configuration of local node ``node`` (secured when ``settings.secure``).
+
+    Kafka's own topics (offsets, transactions, share state) and topics created without a replication
+    factor (``-1``: the config center, the model registry, ``_schemas``) get min(3, nodes) replicas, and
+    min(2, nodes) in sync for a transaction to commit: one node of three may go down.
+    """
+    h, nodes = settings.host, settings.kafka_brokers
+    voters = ",".join(f"{n}@{h}:{settings.kafka_node_ports(n)[1]}" for n in range(1, nodes + 1))
+    replicas, min_isr = min(3, nodes), min(2, nodes)
     return "\n".join([
         "process.roles=broker,controller",
-        "node.id=1",
-        f"controller.quorum.voters=1@{h}:{settings.kafka_controller_port}",
-        *(_secured_listeners(settings) if settings.secure else _plain_listeners(settings)),
-        f"log.dirs={data_dir(settings)}",
+        f"node.id={node}",
+        f"controller.quorum.voters={voters}",
+        *(_secured_listeners(settings) if settings.secure else _plain_listeners(settings, node)),
+        f"log.dirs={data_dir(settings, node)}",
         "num.partitions=1",
         "auto.create.topics.enable=false",
-        "offsets.topic.replication.factor=1",
+        f"default.replication.factor={replicas}",
+        f"offsets.topic.replication.factor={replicas}",
         "offsets.topic.num.partitions=10",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
+        f"transaction.state.log.replication.factor={replicas}",
+        f"transaction.state.log.min.isr={min_isr}",
         "transaction.state.log.num.partitions=10",
-        "share.coordinator.state.topic.replication.factor=1",
-        "share.coordinator.state.topic.min.isr=1",
+        f"share.coordinator.state.topic.replication.factor={replicas}",
+        f"share.coordinator.state.topic.min.isr={min_isr}",
         "group.initial.rebalance.delay.ms=0",
         "num.network.threads=2",
         "num.io.threads=4",
@@ -138,11 +155,12 @@ def server_properties(settings: StackSettings) -> str:
     ])
 
 
-def _plain_listeners(settings: StackSettings) -> list[str]:
+def _plain_listeners(settings: StackSettings, node: int = 1) -> list[str]:
     h = settings.host
+    broker, controller = settings.kafka_node_ports(node)
     return [
-        f"listeners=PLAINTEXT://{h}:{settings.kafka_port},CONTROLLER://{h}:{settings.kafka_controller_port}",
-        f"advertised.listeners=PLAINTEXT://{h}:{settings.kafka_port}",
+        f"listeners=PLAINTEXT://{h}:{broker},CONTROLLER://{h}:{controller}",
+        f"advertised.listeners=PLAINTEXT://{h}:{broker}",
         "controller.listener.names=CONTROLLER",
         "inter.broker.listener.name=PLAINTEXT",
         "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -208,27 +226,36 @@ def _cluster_id() -> str:
             return cluster_id
 
 
-def prepare(settings: StackSettings) -> None:
-    """Check java and the jars, write the configuration, format storage on first start."""
+def prepare(settings: StackSettings, node: int = 1) -> None:
+    """Check java and the jars, write node ``node``'s configuration, format its storage on first start."""
     exe = java()
+    if settings.secure and settings.kafka_brokers > 1:
+        raise StackError(f"the secured local stack runs one Kafka node, not {settings.kafka_brokers}: "
+                         "unset TANGRAM_KAFKA_BROKERS or TANGRAM_SECURE")
     if not jars_current(settings):
         fetch_jars(settings)
     config_dir(settings).mkdir(parents=True, exist_ok=True)
-    properties = config_dir(settings) / "server.properties"
+    properties = properties_path(settings, node)
     properties.touch(mode=0o600)  # a secured node's file holds its passwords
     properties.chmod(0o600)
-    properties.write_text(server_properties(settings))
+    properties.write_text(server_properties(settings, node))
     (config_dir(settings) / "log4j2.properties").write_text(LOG4J2)
-    stamp = data_dir(settings) / _SECURED_STAMP
-    if (data_dir(settings) / "meta.properties").exists():
+    data = data_dir(settings, node)
+    stamp = data / _SECURED_STAMP
+    if (data / "meta.properties").exists():
         if settings.secure and not stamp.exists():
-            raise StackError(f"the Kafka storage in {data_dir(settings)} was formatted without security, so it holds "
+            raise StackError(f"the Kafka storage in {data} was formatted without security, so it holds "
                              "no SCRAM credentials: run the secured stack from another TANGRAM_HOME")
+        formatted = _formatted_nodes(settings)
+        if formatted != settings.kafka_brokers:
+            raise StackError(f"the Kafka storage in {settings.home / 'kafka'} was formatted for {formatted} node(s), "
+                             f"not {settings.kafka_brokers}: run a {settings.kafka_brokers}-node stack from another "
+                             "TANGRAM_HOME")
         return
-    cluster_id = _cluster_id()
-    log.info("kafka: formatting storage in %s (cluster id %s)", data_dir(settings), cluster_id)
+    cluster_id = _shared_cluster_id(settings)
+    log.info("kafka: formatting node %d's storage in %s (cluster id %s)", node, data, cluster_id)
     cmd = [exe, *_jvm_common(settings), "kafka.tools.StorageTool", "format", "--ignore-formatted",
-           f"--cluster-id={cluster_id}", "--config", str(config_dir(settings) / "server.properties")]
+           f"--cluster-id={cluster_id}", "--config", str(properties)]
     if settings.secure:  # the node's and the operator's SCRAM credentials, in the metadata from the start
         for user in (BROKER, OPERATOR):
             cmd += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={settings.secrets.get('kafka', user).get_secret_value()}]"]
@@ -239,6 +266,31 @@ def prepare(settings: StackSettings) -> None:
         stamp.write_text("SCRAM-SHA-512 credentials of the node and the operator added at format\n")
 
 
+def _shared_cluster_id(settings: StackSettings) -> str:
+    """The cluster id every node of this home is formatted with (made by the first node's format)."""
+    path = settings.home / "kafka" / "cluster.id"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{_cluster_id()}\n{settings.kafka_brokers}\n")
+    return path.read_text().split()[0]
+
+
+def node_count(settings: StackSettings) -> int:
+    """The nodes of this home's Kafka: as its storage was formatted, else as the settings ask.
+
+    So ``tangram down`` and ``status`` see every node of a three-node home even without
+    ``TANGRAM_KAFKA_BROKERS`` (which every client still needs, to know all the brokers).
+    """
+    return _formatted_nodes(settings) if (data_dir(settings) / "meta.properties").exists() else settings.kafka_brokers
+
+
+def _formatted_nodes(settings: StackSettings) -> int:
+    """How many nodes this home's Kafka was formatted for (a home from before multi-node stacks: 1)."""
+    path = settings.home / "kafka" / "cluster.id"
+    fields = path.read_text().split() if path.is_file() else []
+    return int(fields[1]) if len(fields) > 1 else 1
+
+
 def _jvm_common(settings: StackSettings) -> list[str]:
     return [
         "-Xmx256m",
@@ -247,11 +299,11 @@ def _jvm_common(settings: StackSettings) -> list[str]:
     ]
 
 
-def argv(settings: StackSettings) -> list[str]:
-    """The broker's command line."""
+def argv(settings: StackSettings, node: int = 1) -> list[str]:
+    """Node ``node``'s command line."""
     return [
         java(), *JVM_OPTS,
         f"-Dlog4j2.configurationFile={config_dir(settings) / 'log4j2.properties'}",
         "-cp", f"{libs_dir(settings)}/*",
-        "kafka.Kafka", str(config_dir(settings) / "server.properties"),
+        "kafka.Kafka", str(properties_path(settings, node)),
     ]

@@ -111,6 +111,9 @@ class ManagedProcess:
     with the next step to take) and does first-time setup such as formatting storage.
     ``after_ready`` runs once a server this call started answers, for setup that needs it
     running (the secured Kafka's principals for the components started after it).
+    ``component`` is the stack component it belongs to (``kafka`` for every node of a
+    multi-node Kafka; by default its name): the unit that ``up``, ``down`` and ``--only``
+    select, and that ``up`` starts as a whole before waiting for it.
     """
 
     name: str
@@ -127,7 +130,11 @@ class ManagedProcess:
     prepare: Callable[[], None] | None = None
     after_ready: Callable[[], None] | None = None
     stop_timeout_s: float = 15.0
+    component: str = ""
     _log_offset: int = 0
+
+    def __post_init__(self) -> None:
+        self.component = self.component or self.name
 
     # -- state --------------------------------------------------------------------------------
 

@@ -10,6 +10,9 @@ stops everything at the end. If the stack cannot start the tests fail; they neve
 ``TANGRAM_TEST_COMPONENTS=kafka,redis`` starts only those components (for working on the
 stack itself); the default is the whole stack.
 
+The session fixture ``three_node_stack`` starts a stack whose Kafka is three nodes (ports shifted by
+``THREE_NODES_SHIFT``), for the loss of one broker of three.
+
 The session fixture ``secured_stack`` starts a second, secured stack (``secure``: Kafka SASL_SSL with
 SCRAM-SHA-512 and ACLs, the registry with basic auth, Redis with ACL users, Triton's model control
 behind a key) on the test ports shifted by ``SECURED_SHIFT``, with the reference app's models; it
@@ -52,6 +55,8 @@ os.environ.setdefault("TANGRAM_METRICS_BASE_PORT", str(9100 + _OFFSET))
 
 #: The secured test stack listens on the test ports plus this.
 SECURED_SHIFT = 100
+#: The three-node test stack (three Kafka nodes, the registry, Redis, Triton) listens on the test ports plus this.
+THREE_NODES_SHIFT = 200
 
 
 def stack_env(settings: StackSettings) -> dict[str, str]:
@@ -90,6 +95,18 @@ def secured_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackSet
     """
     ports = {name: port + SECURED_SHIFT for name, port in TEST_PORTS.items()}
     settings = StackSettings(home=tmp_path_factory.mktemp("tangram-secured"), secure=True, **ports)
+    yield from _running(settings, list(NAMES))
+
+
+@pytest.fixture(scope="session")
+def three_node_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackSettings]:
+    """A running stack whose Kafka is three KRaft nodes (session-scoped; only the tests that ask start it).
+
+    Like the secured stack, its settings are not exported to the environment: a subprocess meant for it
+    gets ``stack_env(three_node_stack)``.
+    """
+    ports = {name: port + THREE_NODES_SHIFT for name, port in TEST_PORTS.items()}
+    settings = StackSettings(home=tmp_path_factory.mktemp("tangram-3-nodes"), kafka_brokers=3, **ports)
     yield from _running(settings, list(NAMES))
 
 

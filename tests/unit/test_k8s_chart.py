@@ -185,8 +185,8 @@ def test_round_trip_replicas_bounds_and_topics_equal_the_topology(manifests, top
     topics = {t["spec"]["topicName"]: t["spec"] for t in by_kind(manifests, "KafkaTopic").values()}
     assert topics == {
         name: {"topicName": name, "partitions": topology.partitions(name), "replicas": topology.replication(name),
-               "config": spec.configs()}
-        for name, spec in topology.topics.items()
+               "config": topology.topic_configs(name)}
+        for name in topology.topics
     }
 
 

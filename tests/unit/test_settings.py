@@ -18,3 +18,83 @@ def test_redis_password_from_the_environment_reaches_the_client_and_not_the_logs
 def test_local_stack_redis_has_no_password(monkeypatch):
     monkeypatch.delenv("TANGRAM_REDIS_PASSWORD", raising=False)
     assert StackSettings().redis_url.startswith("redis://127.0.0.1:")
+
+
+def _properties(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def test_a_three_node_stack_lists_every_broker_and_each_node_has_its_own_ports_and_storage(tmp_path):
+    from streams.stack import components, kafka
+
+    settings = StackSettings(home=tmp_path, kafka_port=29092, kafka_controller_port=29093, kafka_brokers=3)
+    assert settings.bootstrap_servers == "127.0.0.1:29092,127.0.0.1:29094,127.0.0.1:29096"
+    nodes = [_properties(kafka.server_properties(settings, n)) for n in (1, 2, 3)]
+    assert [n["node.id"] for n in nodes] == ["1", "2", "3"]
+    assert {n["controller.quorum.voters"] for n in nodes} == {"1@127.0.0.1:29093,2@127.0.0.1:29095,3@127.0.0.1:29097"}
+    assert [n["advertised.listeners"] for n in nodes] == [f"PLAINTEXT://127.0.0.1:{p}" for p in (29092, 29094, 29096)]
+    assert len({n["log.dirs"] for n in nodes}) == 3
+    # one node of three may go down: Kafka's own topics and topics made without a factor keep 3 replicas, 2 in sync
+    for n in nodes:
+        assert (n["default.replication.factor"], n["offsets.topic.replication.factor"],
+                n["transaction.state.log.replication.factor"], n["transaction.state.log.min.isr"]) == ("3", "3", "3", "2")
+    procs = [p for p in components.build(settings) if p.component == "kafka"]
+    assert [p.name for p in procs] == ["kafka", "kafka-2", "kafka-3"]
+    assert len({p.pid_path for p in procs} | {p.log_path for p in procs}) == 6
+    assert len({p.marker for p in procs}) == 3
+
+
+def test_the_one_node_stack_keeps_its_ports_files_and_single_replicas(tmp_path):
+    from streams.stack import kafka
+
+    settings = StackSettings(home=tmp_path)
+    node = _properties(kafka.server_properties(settings))
+    assert settings.bootstrap_servers == "127.0.0.1:9092"
+    assert node["controller.quorum.voters"] == "1@127.0.0.1:9093"
+    assert node["log.dirs"] == str(tmp_path / "kafka" / "data")
+    assert kafka.properties_path(settings) == tmp_path / "kafka" / "config" / "server.properties"
+    assert (node["default.replication.factor"], node["transaction.state.log.min.isr"]) == ("1", "1")
+
+
+def test_node_ports_that_would_overlap_are_refused():
+    import pydantic
+    import pytest
+
+    with pytest.raises(pydantic.ValidationError, match="overlapping ports"):
+        StackSettings(kafka_port=9092, kafka_controller_port=9094, kafka_brokers=2)
+
+
+def test_a_home_formatted_for_one_node_is_not_started_as_three(tmp_path):
+    import pytest
+
+    from streams.errors import StackError
+    from streams.stack import kafka
+
+    data = tmp_path / "kafka" / "data"
+    data.mkdir(parents=True)
+    (data / "meta.properties").write_text("node.id=1\n")  # formatted by a one-node stack
+    settings = StackSettings(home=tmp_path, kafka_brokers=3)
+    with pytest.raises(StackError, match="formatted for 1 node"):
+        kafka.prepare(settings, 1)
+
+
+def test_the_secured_stack_runs_one_node(tmp_path):
+    import pytest
+
+    from streams.errors import StackError
+    from streams.stack import kafka
+
+    with pytest.raises(StackError, match="secured local stack runs one Kafka node"):
+        kafka.prepare(StackSettings(home=tmp_path, kafka_brokers=3, secure=True), 1)
+
+
+def test_down_and_status_see_every_node_of_a_three_node_home_without_being_told(tmp_path):
+    from streams.stack import components, kafka
+
+    three = StackSettings(home=tmp_path, kafka_brokers=3)
+    kafka.data_dir(three).mkdir(parents=True)
+    (kafka.data_dir(three) / "meta.properties").write_text("node.id=1\n")
+    (tmp_path / "kafka" / "cluster.id").write_text("abc\n3\n")
+    plain = StackSettings(home=tmp_path)  # TANGRAM_KAFKA_BROKERS not set
+    assert kafka.node_count(plain) == 3
+    assert [p.name for p in components.build(plain) if p.component == "kafka"] == ["kafka", "kafka-2", "kafka-3"]

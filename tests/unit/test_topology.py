@@ -65,3 +65,21 @@ def test_the_pipeline_counts_as_drained_after_its_slowest_declared_call():
 
     assert quiet_period_s(load_topology(INTAKE)) == 30.0  # the OCR stage's Triton deadline
     assert quiet_period_s(load_topology(REFERENCE)) == 5.0  # Redis' 5 s deadline over the 3 s floor
+
+
+def test_min_insync_replicas_is_a_topic_config_from_the_topic_or_the_defaults(tmp_path):
+    doc = {"app": "x", "defaults": {"replication_factor": 3, "min_insync_replicas": 2},
+           "topics": {"x.in": {"format": "json"}, "x.out": {"format": "json", "min_insync_replicas": 3}},
+           "processors": {"p": {"kind": "streams.ingest:IngestValidator", "inputs": ["x.in"], "outputs": ["x.out"]}}}
+    topology = load_topology(_write(tmp_path, doc))
+    assert topology.topic_configs("x.in") == {"cleanup.policy": "delete", "min.insync.replicas": "2"}
+    assert topology.topic_configs("x.out")["min.insync.replicas"] == "3"
+    assert "min.insync.replicas" not in load_topology(REFERENCE).topic_configs("pm.raw.telemetry")  # the broker's
+
+
+def test_min_insync_replicas_above_the_replication_factor_is_refused(tmp_path):
+    doc = {"app": "x", "defaults": {"min_insync_replicas": 2},
+           "topics": {"x.in": {"format": "json"}, "x.out": {"format": "json"}},
+           "processors": {"p": {"kind": "streams.ingest:IngestValidator", "inputs": ["x.in"], "outputs": ["x.out"]}}}
+    with pytest.raises(TopologyError, match="min_insync_replicas 2 above its replication factor 1"):
+        load_topology(_write(tmp_path, doc))
