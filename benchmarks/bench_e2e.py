@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from baselines import raw_copy_seconds  # noqa: E402
 from pipeline import CHAIN, Counts, CpuMeter, History, fleet, produce, reference_copy, stack_pids, topics_of  # noqa: E402
-from reference_app import MODEL_ONNX  # noqa: E402
+from reference_app import FEATURE_SET, MODEL_ONNX  # noqa: E402
 from report import Figure, emit, load  # noqa: E402
 from streams.launcher import LauncherSettings, Processors  # noqa: E402
 from streams.plan import apply  # noqa: E402
@@ -171,8 +171,12 @@ def quix(stack: StackSettings, raw: str, history: History, tag: str, log_dir: Pa
     windows = history.windows()
     log = (log_dir / f"{prefix}.log").open("w")
     with tempfile.TemporaryDirectory(prefix="quix-state-") as state:
+        # the benchmark's fleet is in no register: Tangram joins every window with the feature set's attribute
+        # defaults, encoded by its own encoder, and the peer appends the same numbers
+        attributes = ",".join(repr(v) for v in FEATURE_SET.enrichment.encode(None))
         proc = subprocess.Popen([str(QUIX_PYTHON), str(QUIX_APP), "--broker", stack.bootstrap_servers, "--source", raw,
-                                 "--prefix", prefix, "--model", str(MODEL_ONNX), "--state-dir", state],
+                                 "--prefix", prefix, "--model", str(MODEL_ONNX), "--state-dir", state,
+                                 "--attributes", attributes],
                                 stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
         try:
             line = proc.stdout.readline()

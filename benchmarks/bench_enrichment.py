@@ -7,7 +7,7 @@ Needs a running stack (`tangram up`, or TANGRAM_* variables pointing at one).
 Prints:
 - the embedded engine (the ``features`` processor in its delivery loop, writing Feast's store) over the same
   N readings (default 200 devices × 250 s at 10 Hz = 500,000) three times in this run: without the join (the
-  reference feature set, its own filter taken out), with it, and without it again — a table of ENTITIES devices (the recorded ones and others, every
+  reference feature set, its own join taken out: the window aggregates alone), with it, and without it again — a table of ENTITIES devices (the recorded ones and others, every
   one online), ``keep: status online``, a null temperature filled from the rated value, the site one-hot
   and the rated rpm appended to every window — each in readings/s from its first batch, windows counted
   on every side, and the ratio to the mean of the two runs without (goal ≥ 0.9: the join costs at most 10 %);
@@ -44,16 +44,25 @@ from report import Figure, emit
 ATTRIBUTES = ("site_plant_a", "site_plant_b", "rated_rpm")
 
 
+def schemas(tmp: Path) -> Path:
+    """The reference contracts, plus this benchmark's two outputs: the window aggregates alone (``plain``) and
+    the aggregates with this benchmark's attributes (``enriched``), in place of the reference's rated values."""
+    folder = tmp / "schemas"
+    shutil.copytree(SCHEMAS, folder, dirs_exist_ok=True)
+    contract = load_schema("pm.features.device_window-value")
+    contract["fields"] = [f for f in contract["fields"] if f["name"] not in FEATURE_SET.attribute_names]
+    (folder / "pm.features.device_window_plain-value.avsc").write_text(
+        json.dumps({**contract, "name": "DeviceWindowPlain"}))
+    (folder / "pm.features.device_window_enriched-value.avsc").write_text(json.dumps(
+        {**contract, "name": "DeviceWindowEnriched",
+         "fields": contract["fields"] + [{"name": n, "type": "double"} for n in ATTRIBUTES]}))
+    return folder
+
+
 def enriched(tmp: Path, prefix: str, table: str) -> Topology:
     """The reference topology under ``prefix`` whose features processor joins ``table`` (its own output topic
-    and contract: the reference columns and the attributes)."""
-    schemas = tmp / "schemas"
-    shutil.copytree(SCHEMAS, schemas)
+    and contract: the window aggregates and this benchmark's attributes)."""
     subject = "pm.features.device_window_enriched-value"
-    contract = load_schema("pm.features.device_window-value")
-    contract["name"] = "DeviceWindowEnriched"
-    contract["fields"] += [{"name": n, "type": "double"} for n in ATTRIBUTES]
-    (schemas / f"{subject}.avsc").write_text(json.dumps(contract))
     fs = yaml.safe_load((APP / "features" / "device_window.yaml").read_text())
     fs["output"]["schema"] = subject
     fs["enrichment"] = {"table": table, "schema": "pm.devices-value", "keep": {"status": ["online"]},
@@ -61,7 +70,7 @@ def enriched(tmp: Path, prefix: str, table: str) -> Topology:
                         "attributes": [{"name": "site", "one_hot": ["plant-a", "plant-b"]}, {"name": "rated_rpm"}]}
     (tmp / "enriched.yaml").write_text(yaml.safe_dump(fs, sort_keys=False))
     doc = yaml.safe_load(namespaced(TOPOLOGY, prefix, tmp / f"{prefix}.yaml").read_text())
-    doc["schemas"] = str(schemas)
+    doc["schemas"] = str(schemas(tmp))
     doc["topics"][table] = {"schema": "pm.devices-value", "cleanup_policy": "compact"}
     doc["topics"][f"{prefix}.features.device_window"]["schema"] = subject
     doc["processors"]["features"].update(tables=[table])
@@ -70,12 +79,19 @@ def enriched(tmp: Path, prefix: str, table: str) -> Topology:
 
 
 def plain(tmp: Path, prefix: str) -> Topology:
-    """The reference topology under ``prefix`` with its feature set's join taken out (no table, no `enrichment:`)."""
+    """The reference topology under ``prefix`` with its feature set's join taken out (no table, no `enrichment:`):
+    the window aggregates alone, to its own contract."""
+    subject = "pm.features.device_window_plain-value"
     fs = yaml.safe_load((APP / "features" / "device_window.yaml").read_text())
     fs.pop("enrichment", None)
+    fs["output"]["schema"] = subject
     (tmp / "plain.yaml").write_text(yaml.safe_dump(fs, sort_keys=False))
-    return load_topology(namespaced(TOPOLOGY, prefix, tmp / f"{prefix}.yaml", {
-        "processors/features/tables": DELETE, "processors/features/params/feature_set": str(tmp / "plain.yaml")}))
+    doc = yaml.safe_load(namespaced(TOPOLOGY, prefix, tmp / f"{prefix}.yaml", {
+        "processors/features/tables": DELETE, "processors/features/params/feature_set": str(tmp / "plain.yaml")}
+    ).read_text())
+    doc["schemas"] = str(schemas(tmp))
+    doc["topics"][f"{prefix}.features.device_window"]["schema"] = subject
+    return Topology.model_validate(doc)
 
 
 def fill_table(stack: StackSettings, table: str, devices: list[str], entities: int, at_ms: int) -> None:

@@ -51,7 +51,7 @@ from inference_workers.worker import InferenceSettings, InferenceWorker  # noqa:
 from streams.avro import codec  # noqa: E402
 from baselines import raw_copy_seconds  # noqa: E402
 from streams.delivery import Output, Processor, Record, Runner, RunnerConfig  # noqa: E402
-from reference_app import APP, FEATURE_NAMES  # noqa: E402
+from reference_app import APP, FEATURE_NAMES, FEATURE_SET  # noqa: E402
 from streams.settings import StackSettings  # noqa: E402
 from reference_app import load_schema  # noqa: E402
 from report import Figure, commit, emit, load  # noqa: E402
@@ -126,15 +126,17 @@ class Timed(Processor):
 
 
 def feature_rows(n: int, seed: int = 1) -> np.ndarray:
-    """Plausible window features (healthy machines around their operating point)."""
+    """Plausible window features (healthy machines around their operating point), joined with the feature set's
+    attribute defaults (this benchmark's devices are in no register)."""
     rng = np.random.default_rng(seed)
     means = {"temperature": 60.0, "vibration": 2.0, "current": 12.0, "pressure": 5.0, "rpm": 1500.0}
     columns = []
-    for name in FEATURE_NAMES:
+    for name in FEATURE_SET.aggregate_names:
         sensor, _, stat = name.partition("_")
         base = means.get(sensor, 0.1)
         scale = {"mean": 1.0, "min": 0.9, "max": 1.1, "std": 0.02, "ptp": 0.1}.get(stat, 1.0)
         columns.append(np.abs(rng.normal(base * scale, base * 0.02 + 1e-3, n)))
+    columns += [np.full(n, value) for value in FEATURE_SET.enrichment.encode(None)]
     matrix = np.stack(columns, axis=1).astype(np.float32)
     matrix[:, FEATURE_NAMES.index("missing_rate")] = 0.0
     matrix[:, FEATURE_NAMES.index("vibration_band_energy")] = rng.uniform(0.05, 0.2, n)

@@ -30,6 +30,7 @@ from streams.avro import topic_codec
 from streams.features.enrich import FILTERED_METRIC
 from streams.launcher import Processors, high_watermarks, wait_quiet
 from streams.lifecycle.drill import LifecycleDrill
+from streams.lifecycle.repository import CARD_FILE, model_dirs
 from streams.plan import apply
 from streams.rules.spec import RulesSettings
 from streams.settings import StackSettings
@@ -175,7 +176,8 @@ def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator
         for tp, high in after.items():
             counts[tp.topic] += high - before[tp]
         observed = Observed(start_ms=start_ms, truth=[record for _, record in simulator.truth(start_ms)],
-                            actions=watcher.actions, dead_letters=watcher.dead_letters, filtered=filtered)
+                            actions=watcher.actions, dead_letters=watcher.dead_letters, filtered=filtered,
+                            model_cards=served_cards(topology, stack))
         return Summary(
             duration_s=time.monotonic() - t0,
             events_sent=sent,
@@ -194,6 +196,19 @@ def run_pipeline(stack: StackSettings, topology_path: Path, simulator: Simulator
             watcher.stop()
         processors.stop()
         probe.close()
+
+
+def served_cards(topology: Topology, stack: StackSettings) -> dict[str, dict]:
+    """The model cards of the app's models in the stack's model repository (what `apply` installed), model → card;
+    a model without a readable card is left out, with a warning."""
+    out = {}
+    for folder in model_dirs(topology.model_repository):
+        card = stack.model_repository / folder.name / CARD_FILE
+        try:
+            out[folder.name] = json.loads(card.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("model card of %s not readable: %s", folder.name, exc)
+    return out
 
 
 def filtered_counts(endpoints: list[dict]) -> dict[str, int]:

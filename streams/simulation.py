@@ -85,6 +85,9 @@ class Observed:
     #: records the stages filtered out as declared (a feature set's ``keep``), "<attribute>=<value>" → count,
     #: from their metrics (nothing of them is on a topic)
     filtered: dict[str, int] = field(default_factory=dict)
+    #: the model cards of the app's models as the stack serves them (``<model>/model_card.json`` in its model
+    #: repository), model → card: what the app's training measured, for the scoreboard to show beside the run
+    model_cards: dict[str, dict] = field(default_factory=dict)
 
 
 @dataclass

@@ -3,7 +3,9 @@
 The peer of Tangram's reference topology in ``benchmarks/bench_e2e.py``: the same JSON readings in,
 the same validation (JSON, required fields and types, ranges, size, timestamp sanity, dedup by
 ``event_id``; rejects to a DLQ with the original bytes), 5 s tumbling event-time windows per device
-with 1 s grace closed per key, the same 27 features, the same ONNX model in process (onnxruntime,
+with 1 s grace closed per key, the same 27 window features followed by the same 3 device attributes (the
+fleet register's rated values: the benchmark's fleet is in no register, so every window carries the feature
+set's defaults, which the benchmark passes in ``--attributes``), the same ONNX model in process (onnxruntime,
 one window per call), the same three rules with a 30 s cooldown per device and action (event time),
 predictions and actions out as JSON. Quix's defaults otherwise: RocksDB state with changelog topics,
 at-least-once, a commit every 5 s. One process, one consumer-group member.
@@ -11,7 +13,8 @@ at-least-once, a commit every 5 s. One process, one consumer-group member.
 Runs in its own environment (``.venv-quix``: quixstreams pins an older confluent-kafka)::
 
     .venv-quix/bin/python benchmarks/peers/quix_app.py --broker 127.0.0.1:9092 --source RAW --prefix qx1 \\
-        --model topologies/predictive_maintenance/model_repository/anomaly/1/model.onnx --state-dir /tmp/qx1
+        --model topologies/predictive_maintenance/model_repository/anomaly/1/model.onnx --state-dir /tmp/qx1 \\
+        --attributes 61.0,12.0,1500.0
 
 It prints one line, ``first-record-at <epoch seconds>``, when it reads its first reading: the
 benchmark's clock starts there, as it does at the first record for Tangram and the raw loop.
@@ -88,7 +91,7 @@ def band_energy(signal: np.ndarray) -> float:
 
 
 def features(window: dict) -> dict:
-    """The 27 features of a closed window, in the model's input order."""
+    """The 27 window features of a closed window, in the model's input order."""
     readings = sorted(window["value"], key=lambda r: r["ts"])
     values = np.array([[np.nan if r.get(s) is None else r[s] for s in SENSORS] for r in readings], dtype=np.float64)
     present = ~np.isnan(values)
@@ -111,13 +114,16 @@ FEATURES = ("missing_rate", *(f"{s}_{t}" for s in SENSORS for t in STATS), "vibr
 
 
 class Model:
-    def __init__(self, path: str):
+    """The model on one window: its features, then its device's attributes (the same for every device here)."""
+
+    def __init__(self, path: str, attributes: list[float]):
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         self.session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+        self.attributes = attributes
 
     def predict(self, row: dict) -> dict:
-        x = np.array([[row[f] for f in FEATURES]], dtype=np.float32)
+        x = np.array([[*(row[f] for f in FEATURES), *self.attributes]], dtype=np.float32)
         p = self.session.run(["probabilities"], {"features": x})[0][0]
         best = int(p.argmax())
         return {"device_id": row["device_id"], "window_start": row["window_start"], "window_end": row["window_end"],
@@ -153,6 +159,8 @@ def main() -> None:
     parser.add_argument("--prefix", required=True, help="prefix of this run's topics and consumer group")
     parser.add_argument("--model", required=True, help="the ONNX file Triton serves")
     parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--attributes", required=True,
+                        help="the device attributes every window takes, comma-separated, in the model's order")
     args = parser.parse_args()
 
     app = Application(broker_address=args.broker, consumer_group=f"{args.prefix}.quix",
@@ -161,7 +169,7 @@ def main() -> None:
     dlq = app.topic(f"{args.prefix}.dlq", value_serializer="bytes")
     predictions = app.topic(f"{args.prefix}.predictions", value_serializer="json")
     actions = app.topic(f"{args.prefix}.actions", value_serializer="json")
-    validator, model = Validator(), Model(args.model)
+    validator, model = Validator(), Model(args.model, [float(v) for v in args.attributes.split(",")])
     first = [True]
 
     def checked(raw_value: bytes) -> dict:

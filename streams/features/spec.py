@@ -13,6 +13,7 @@ This module imports only pydantic and PyYAML: the Flink job environment loads it
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import cache, cached_property
 from pathlib import Path
 from typing import Literal
@@ -157,6 +158,13 @@ class EnrichmentSpec(_Model):
         if self.missing == "defaults" and (lacking := sorted(used - set(self.defaults))):
             raise ValueError(f"missing: defaults needs a default for every attribute used; none for {lacking}")
         return self
+
+    def encode(self, entry: Mapping[str, object] | None) -> list[float]:
+        """The ``attributes`` of one version of an entity (a table value), encoded in order as every engine appends
+        them; ``None`` (no version in effect): the declared defaults, or zeros and NaN without them."""
+        if entry is None and self.missing == "defaults":
+            entry = self.defaults
+        return [x for a in self.attributes for x in a.encode(None if entry is None else entry.get(a.name))]
 
     @property
     def used(self) -> tuple[str, ...]:

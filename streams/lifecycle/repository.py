@@ -23,6 +23,8 @@ from streams.topology import Topology
 log = logging.getLogger("tangram.lifecycle.repository")
 
 CONFIG = "config.pbtxt"
+#: What an app's build hook writes beside a model's versions: its training's account (dataset, metrics, baseline).
+CARD_FILE = "model_card.json"
 
 
 def model_dirs(repository: Path) -> list[Path]:

@@ -3,7 +3,9 @@
 Every feature record (``DeviceWindow``) joins a sliding window of the last ``window`` feature
 rows; every prediction (``AnomalyPrediction``) a window of predictions. Every ``step`` records a
 window is tested against the training baseline (``streams.monitor.baseline``): each feature by
-KS and PSI, the predicted labels by chi-square and PSI, the confidences by KS and PSI. Each
+KS and PSI (every feature of the baseline, or with ``compare: aggregates`` only its feature set's
+window aggregates: a table attribute is constant per entity and says which entities a window holds,
+not how they behave), the predicted labels by chi-square and PSI, the confidences by KS and PSI. Each
 result is a ``DriftResult`` on ``pm.monitor.drift`` and a set of gauges; a drift that lasts
 ``consecutive`` evaluations also becomes an ``Action`` (``alert``, rule ``drift``, device
 ``fleet``) on the alert topic.
@@ -23,6 +25,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
+from typing import Literal
 
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -33,7 +36,8 @@ from streams.config_center import ConfigSubscriber
 from streams.config_center.center import CONFIG_TOPIC
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, dead_letter
-from streams.errors import TopologyError
+from streams.errors import DriftBaselineError, TopologyError
+from streams.features.spec import load_feature_set
 from streams.monitor.baseline import Baseline, load_baseline
 from streams.monitor.stats import DriftDetector, Evaluation, FeatureVerdict, NumericReference, Thresholds
 from streams.security.kafka import KafkaConnection
@@ -81,11 +85,19 @@ class DriftSettings(BaseModel):
     bins: int = Field(10, ge=2, le=100, description="Quantile bins of the PSI.")
     thresholds: Thresholds = Field(Thresholds(), description="Defaults; the config center overrides them live.")
     config_center: bool = Field(True, description="Follow `monitor-threshold` in the config center.")
+    compare: Literal["all", "aggregates"] = Field(
+        "all", description="The features of a window tested: every one of the baseline, or only the window "
+                           "aggregates of `feature_set`, not the table attributes it appends (constant per entity, "
+                           "their distribution over a window says which entities it holds, not how they behave).")
+    feature_set: str | None = Field(None, description="The feature set of the monitored windows (YAML, relative to "
+                                                      "the app folder), for `compare: aggregates`.")
 
     @model_validator(mode="after")
     def _step_fits(self) -> DriftSettings:
         if self.step > self.window:
             raise ValueError(f"step {self.step} is larger than window {self.window}")
+        if self.compare == "aggregates" and self.feature_set is None:
+            raise ValueError("compare: aggregates needs `feature_set:`, whose aggregates are compared")
         return self
 
 
@@ -100,8 +112,10 @@ class DriftMonitor(Processor):
     needs_models = True  # the model card and its baseline sample
 
     def __init__(self, *, codecs: dict[str, AvroCodec], monitors: dict[str, str], drift_topic: str, alert_topic: str,
-                 dlq_topic: str, card_path: Path, settings: DriftSettings, kafka: KafkaConnection | None = None):
+                 dlq_topic: str, card_path: Path, settings: DriftSettings, kafka: KafkaConnection | None = None,
+                 compared: tuple[str, ...] | None = None):
         self.codecs = codecs
+        self.compared = compared  # the features tested (``compare: aggregates``); None: every one of the baseline
         self.monitors = monitors  # input topic → "features" | "predictions"
         self.drift_topic = drift_topic
         self.alert_topic = alert_topic
@@ -123,17 +137,23 @@ class DriftMonitor(Processor):
         # a topic whose contract carries `model_name` holds predictions; any other, feature windows
         monitors = {t: PREDICTIONS_MONITOR if any(f["name"] == "model_name" for f in codecs[t].schema_json["fields"])
                     else FEATURES for t in ctx.spec.inputs}
+        compared = (load_feature_set(ctx.path(settings.feature_set)).aggregate_names
+                    if settings.compare == "aggregates" and settings.feature_set else None)
         return cls(codecs=codecs, monitors=monitors, drift_topic=settings.drift_topic,
                    alert_topic=settings.alert_topic, dlq_topic=ctx.dlq,
                    card_path=ctx.stack.model_repository / settings.model / "model_card.json", settings=settings,
-                   kafka=ctx.stack.kafka if settings.config_center else None)
+                   kafka=ctx.stack.kafka if settings.config_center else None, compared=compared)
 
     # -- lifecycle -------------------------------------------------------------------
     def setup(self) -> None:
         self.baseline = baseline = load_baseline(self.card_path)
         s = self.settings
         if FEATURES in self.monitors.values():
-            refs = {name: NumericReference.of(sample, s.bins) for name, sample in baseline.features.items()}
+            names = list(baseline.features) if self.compared is None else list(self.compared)
+            if lacking := [n for n in names if n not in baseline.features]:
+                raise DriftBaselineError(f"{self.name}: the baseline of {baseline.model_name} v{baseline.model_version} "
+                                         f"has no sample of {lacking}: retrain the model on the feature set compared")
+            refs = {name: NumericReference.of(baseline.features[name], s.bins) for name in names}
             self.detectors[FEATURES] = DriftDetector(refs, window=s.window, step=s.step)
         if PREDICTIONS_MONITOR in self.monitors.values():
             self.detectors[PREDICTIONS_MONITOR] = DriftDetector(

@@ -117,8 +117,8 @@ class Models:
         sources = {"1": production, "2": root / "trained" / "anomaly" / "2" / "model.onnx",
                    "3": root / "trained" / "anomaly" / "3" / "model.onnx"}
         self.artifacts = {v: serve(self.repository, v, path) for v, path in sources.items()}
-        pool, _ = build_dataset(60, 120.0, 5.0, 10.0, seed=1234)  # realistic windows, none the models saw
-        self.pool = pool.astype(np.float32)
+        pool = build_dataset(60, 120.0, 5.0, 10.0, seed=1234)  # realistic windows, none the models saw
+        self.pool = pool.x.astype(np.float32)
         import onnxruntime as ort
 
         self.expected = {v: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(

@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, Producer
 from streams.avro import codec
 from streams.launcher import LauncherSettings, Processors
 from pm_app.train import DatasetParams
-from pm_app.drift import declared_delay_rows, feature_rows, stamp
+from pm_app.drift import COMPARED, declared_delay_rows, feature_rows, stamp
 from streams.monitor.scrape import scrape
 from streams.plan import apply
 from pm_app.simulator import Drift
@@ -71,7 +71,7 @@ def test_a_shift_is_alerted_within_the_declared_delay_and_not_before(stack, tmp_
             producer.produce(features_topic, features.encode(record), record["device_id"])
         assert producer.flush(30) == 0
 
-    per_eval = 27  # one result per feature
+    per_eval = len(COMPARED)  # one result per feature compared (the window aggregates, not the rated values)
     due_before = (ROWS_BEFORE - window) // step + 1
     due_all = (ROWS_BEFORE + ROWS_AFTER - window) // step + 1
     with Processors(path, stack, names=["drift"], settings=LauncherSettings(metrics_base_port=METRICS_BASE_PORT)) as procs:
@@ -88,7 +88,7 @@ def test_a_shift_is_alerted_within_the_declared_delay_and_not_before(stack, tmp_
         after = scrape(endpoint["metrics_url"])
 
     assert len(stationary) == due_before * per_eval and not any(r["sustained"] for r in stationary)
-    assert len(results) == due_all * per_eval
+    assert len(results) == due_all * per_eval and {r["feature"] for r in results} == set(COMPARED)  # no rated value
     sustained = [r for r in results if r["sustained"]]
     assert sustained, "the shift was never alerted"
     first = min(sustained, key=lambda r: r["evaluation"])

@@ -39,12 +39,15 @@ ENRICHED = "pm.features.device_window_enriched-value"
 
 def enriched_topology(tmp_path, prefix_path, idle_partition_s: float | None = None) -> tuple[Topology, str, str]:
     """The reference topology with a device table its features processor joins (a feature set declaring
-    keep, fill and attributes, and an output contract with the attributes' columns)."""
+    keep, fill and attributes of its own in place of the reference's, and an output contract with the window
+    aggregates and those attributes' columns)."""
     path, prefix = prefix_path
     schemas = tmp_path / "schemas"
     shutil.copytree(REPO / "schemas" / "avro", schemas)
     output = load_schema("pm.features.device_window-value")
     output["name"] = "DeviceWindowEnriched"
+    reference = load_feature_set(REPO / "topologies" / "predictive_maintenance" / "features" / "device_window.yaml")
+    output["fields"] = [f for f in output["fields"] if f["name"] not in reference.attribute_names]  # the aggregates
     output["fields"] += [{"name": n, "type": "double"} for n in ("site_plant_a", "site_plant_b", "rated_rpm")]
     (schemas / f"{ENRICHED}.avsc").write_text(json.dumps(output))
     fs = yaml.safe_load((REPO / "topologies" / "predictive_maintenance" / "features" / "device_window.yaml").read_text())

@@ -7,6 +7,7 @@ user, Triton's model control behind a key).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -92,6 +93,13 @@ def test_malformed_records_land_in_the_dlq_and_the_device_keeps_flowing(summary)
     # the garbage device's good readings still make windows (its partition never stalled)
     windows = next(n for t, n in summary.counts.items() if t.endswith(".features.device_window"))
     assert windows >= 4 * math.floor(30 / 5) - 4
+
+
+def test_the_scoreboard_shows_the_served_models_accuracy_with_and_without_the_register_attributes(run_on, summary):
+    card = json.loads((run_on.model_repository / "anomaly" / "model_card.json").read_text())
+    assert summary.scoreboard.figures["anomaly held-out accuracy with / without attributes / with defaults"] == \
+        " / ".join(f"{card[k]['accuracy']:.4f}" for k in ("metrics", "metrics_without_attributes", "metrics_with_defaults"))
+    assert any(n.startswith("model anomaly v1") and "rated_temperature" in n for n in summary.scoreboard.notes)
 
 
 def test_event_to_action_latency_is_measured(summary):

@@ -52,9 +52,11 @@ START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
 CONFIG = PM / "model_repository" / "anomaly" / "config.pbtxt"
 ANOMALY_CONTRACT = ModelContract.from_config(CONFIG.parent)
+#: The checked-in config's input: the reference feature vector (27 window aggregates, 3 register attributes).
+(WIDTH,) = ANOMALY_CONTRACT.input.dims
 
 
-def write_anomaly_model(path: Path, seed: int = 7, features: int = 27) -> None:
+def write_anomaly_model(path: Path, seed: int = 7, features: int = WIDTH) -> None:
     """A small ONNX model with the anomaly contract: softmax(features @ W + b), batch dimension free."""
     rng = np.random.default_rng(seed)
     weights = rng.normal(size=(features, 3)).astype(np.float32)
@@ -249,7 +251,7 @@ def test_server_is_ready_and_serves_the_declared_config(server: Server) -> None:
 
 @pytest.mark.parametrize("rows", [1, 1000, 2500])
 def test_triton_returns_what_onnxruntime_returns(server: Server, rows: int) -> None:
-    batch = np.random.default_rng(rows).normal(size=(rows, 27)).astype(np.float32)
+    batch = np.random.default_rng(rows).normal(size=(rows, WIDTH)).astype(np.float32)
 
     async def infer() -> np.ndarray:
         async with TritonModel(GRPC_URL, "anomaly", timeout_s=30.0, contract=ANOMALY_CONTRACT) as model:
@@ -262,7 +264,7 @@ def test_triton_returns_what_onnxruntime_returns(server: Server, rows: int) -> N
 
 
 def test_concurrent_calls_are_answered_each_with_its_own_rows(server: Server) -> None:
-    batches = [np.random.default_rng(i).normal(size=(n, 27)).astype(np.float32) for i, n in enumerate([1, 7, 64, 300])]
+    batches = [np.random.default_rng(i).normal(size=(n, WIDTH)).astype(np.float32) for i, n in enumerate([1, 7, 64, 300])]
 
     async def infer_all() -> list[np.ndarray]:
         async with TritonModel(GRPC_URL, "anomaly", timeout_s=30.0, contract=ANOMALY_CONTRACT) as model:
@@ -276,15 +278,15 @@ def test_concurrent_calls_are_answered_each_with_its_own_rows(server: Server) ->
     ("contract", "message"),
     [
         (
-            ModelContract(TensorContract("features", "FP32", (26,)), ANOMALY_CONTRACT.output),
-            "input 'features' dims [27] != declared [26]",
+            ModelContract(TensorContract("features", "FP32", (WIDTH - 1,)), ANOMALY_CONTRACT.output),
+            f"input 'features' dims [{WIDTH}] != declared [{WIDTH - 1}]",
         ),
         (
-            ModelContract(TensorContract("features", "FP64", (27,)), ANOMALY_CONTRACT.output),
+            ModelContract(TensorContract("features", "FP64", (WIDTH,)), ANOMALY_CONTRACT.output),
             "input 'features' datatype FP32 != declared FP64",
         ),
         (
-            ModelContract(TensorContract("telemetry", "FP32", (27,)), ANOMALY_CONTRACT.output),
+            ModelContract(TensorContract("telemetry", "FP32", (WIDTH,)), ANOMALY_CONTRACT.output),
             "has no input 'telemetry'",
         ),
         (
@@ -322,15 +324,15 @@ def test_an_unknown_model_is_refused(server: Server) -> None:
 def test_a_batch_off_contract_is_refused_before_sending(server: Server) -> None:
     async def infer() -> None:
         async with TritonModel(GRPC_URL, "anomaly", contract=ANOMALY_CONTRACT) as model:
-            await model.infer(np.zeros((4, 26), dtype=np.float32))
+            await model.infer(np.zeros((4, WIDTH - 1), dtype=np.float32))
 
-    with pytest.raises(InferenceError, match=r"batch shape \[4, 26\] does not fit input 'features' dims \[27\]"):
+    with pytest.raises(InferenceError, match=rf"batch shape \[4, {WIDTH - 1}\] does not fit input 'features' dims \[{WIDTH}\]"):
         asyncio.run(infer())
 
 
 def test_a_call_past_its_deadline_raises(server: Server) -> None:
     """Triton frozen (SIGSTOP): the call's deadline fires. (A tiny deadline alone races a fast server.)"""
-    batch = np.zeros((1024, 27), dtype=np.float32)
+    batch = np.zeros((1024, WIDTH), dtype=np.float32)
     servers = [p for p in descendants(server.process.pid) if Path(f"/proc/{p}/exe").resolve().name == "tritonserver"]
     assert servers
 
@@ -384,7 +386,7 @@ def test_a_second_server_on_the_same_ports_exits_at_once(server: Server) -> None
 def test_two_versions_of_one_name_serve_side_by_side_each_with_its_own_weights(
     server: Server, back_to_version_2: None
 ) -> None:
-    batch = np.random.default_rng(3).normal(size=(50, 27)).astype(np.float32)
+    batch = np.random.default_rng(3).normal(size=(50, WIDTH)).astype(np.float32)
     loaded = control(lambda r: r.serve("anomaly", {"1"}))  # load the new beside the one served
     assert loaded == {"1"}
     assert states() == {"1": "READY", "2": "READY"}
@@ -397,7 +399,7 @@ def test_two_versions_of_one_name_serve_side_by_side_each_with_its_own_weights(
 
 def test_loading_and_unloading_never_fails_a_call_to_a_version_that_stays(server: Server, back_to_version_2: None) -> None:
     """Calls to version 2 run throughout: load 1 beside it, unload 1, unload and reload the model's other versions."""
-    batch = np.random.default_rng(4).normal(size=(8, 27)).astype(np.float32)
+    batch = np.random.default_rng(4).normal(size=(8, WIDTH)).astype(np.float32)
     expected = reference(server.repository, batch, 2)
     stop, answered, failures = threading.Event(), [0], []
 
@@ -430,7 +432,7 @@ def test_loading_and_unloading_never_fails_a_call_to_a_version_that_stays(server
 
 def test_a_call_to_an_unloaded_version_is_unavailable_not_wrong(server: Server, back_to_version_2: None) -> None:
     """What a worker replica that has not switched yet sees: "retry later" (backpressure), never an answer."""
-    batch = np.zeros((4, 27), dtype=np.float32)
+    batch = np.zeros((4, WIDTH), dtype=np.float32)
 
     async def setup() -> None:
         async with TritonModel(GRPC_URL, "anomaly", "1", timeout_s=10.0, contract=ANOMALY_CONTRACT):  # a client loads nothing
@@ -449,11 +451,11 @@ def test_a_call_to_an_unloaded_version_is_unavailable_not_wrong(server: Server, 
 def test_a_version_triton_cannot_load_is_refused_and_the_served_ones_stay(server: Server, back_to_version_2: None) -> None:
     (server.repository / "anomaly" / "3").mkdir(exist_ok=True)
     (server.repository / "anomaly" / "3" / "model.onnx").write_bytes(b"not an onnx file")
-    write_anomaly_model(server.repository / "anomaly" / "4" / "model.onnx", features=26)  # off contract
+    write_anomaly_model(server.repository / "anomaly" / "4" / "model.onnx", features=WIDTH - 1)  # off contract
     try:
         with pytest.raises(InferenceError, match=r"version 3 .*onnxruntime cannot load"):
             control(lambda r: r.serve("anomaly", {"3"}))
-        with pytest.raises(InferenceError, match=r"input 'features' has shape \['batch', 26\].*declares \[-1, 27\]"):
+        with pytest.raises(InferenceError, match=rf"input 'features' has shape \['batch', {WIDTH - 1}\].*declares \[-1, {WIDTH}\]"):
             control(lambda r: r.serve("anomaly", {"4"}))
         with pytest.raises(InferenceError, match="is every version asked for a folder"):
             control(lambda r: r.load("anomaly", [9]))
@@ -466,7 +468,7 @@ def test_a_version_triton_cannot_load_is_refused_and_the_served_ones_stay(server
             (server.repository / "anomaly" / version).rmdir()
     assert states()["2"] == "READY"
     assert _ready()  # a failed load leaves the server ready: the served versions answer
-    batch = np.ones((2, 27), dtype=np.float32)
+    batch = np.ones((2, WIDTH), dtype=np.float32)
     np.testing.assert_allclose(infer("2", batch), reference(server.repository, batch, 2), rtol=0, atol=1e-5)
 
 
@@ -494,7 +496,7 @@ def test_a_bad_repository_is_refused_before_triton_starts(tmp_path: Path) -> Non
     (tmp_path / "anomaly").mkdir()
     (tmp_path / "anomaly" / "config.pbtxt").write_text(CONFIG.read_text())
     (tmp_path / "anomaly" / "labels.txt").write_text((CONFIG.parent / "labels.txt").read_text())
-    write_anomaly_model(tmp_path / "anomaly" / "1" / "model.onnx", features=26)
+    write_anomaly_model(tmp_path / "anomaly" / "1" / "model.onnx", features=WIDTH - 1)
     command = [
         str(StackSettings().triton_python), str(TRITON_SERVER),
         "--model-repository", str(tmp_path),
@@ -502,7 +504,7 @@ def test_a_bad_repository_is_refused_before_triton_starts(tmp_path: Path) -> Non
     ]  # fmt: skip
     result = subprocess.run(command, check=False, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "model 'anomaly' version 1: input 'features' has shape ['batch', 26]" in result.stdout
+    assert f"model 'anomaly' version 1: input 'features' has shape ['batch', {WIDTH - 1}]" in result.stdout
     assert "starting" not in result.stdout  # refused before tritonserver starts
 
 

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from pm_app import FEATURE_NAMES
+from pm_app import FEATURE_NAMES, FEATURE_SET
 from pm_app.drift import (
     DECLARED_ALERT_RATE, declared_delay_rows, detect, false_alarms, feature_rows, references, stamp,
 )
@@ -16,9 +16,11 @@ from pm_app.simulator import Device, Drift, windows_for_training
 from pm_app.train import DatasetParams
 from reference import PM
 from streams.errors import DriftBaselineError
+from streams.features.spec import load_feature_set
 from streams.monitor.baseline import load_baseline
 from streams.monitor.processor import DriftMonitor, DriftSettings
 from streams.monitor.stats import DriftDetector, NumericReference, Thresholds, categorical, psi
+from streams.topology import load_topology
 
 CARD = PM / "model_repository" / "anomaly" / "model_card.json"  # built by `make setup`
 WINDOW, STEP, CONSECUTIVE = 300, 100, 3  # the reference topology's drift params
@@ -67,10 +69,10 @@ def test_drift_refuses_unknown_sensors_and_kinds():
 
 
 def test_training_windows_are_unchanged_without_drift():
-    a, la, _ = windows_for_training(5, 20.0, 5.0, 10.0, 42)
-    b, lb, _ = windows_for_training(5, 20.0, 5.0, 10.0, 42, drifts=())
-    np.testing.assert_array_equal(a, b)
-    assert la == lb
+    a = windows_for_training(5, 20.0, 5.0, 10.0, 42)
+    b = windows_for_training(5, 20.0, 5.0, 10.0, 42, drifts=())
+    np.testing.assert_array_equal(a.windows, b.windows)
+    assert a.labels == b.labels and a.registers == b.registers
 
 
 # -- statistics ------------------------------------------------------------------------------------
@@ -184,3 +186,31 @@ def test_config_center_thresholds_override_the_topology_defaults():
     assert monitor.thresholds() == Thresholds(psi=0.3, consecutive=2)
     monitor.config = _Config({("monitor-threshold", "drift.ks_pvalue"): 5.0})  # out of range: defaults kept
     assert monitor.thresholds() == Thresholds()
+
+
+# -- what is compared -------------------------------------------------------------------------------------
+def test_the_reference_drift_job_compares_the_window_aggregates_not_the_register_attributes():
+    topology = load_topology(PM / "topology.yaml")
+    settings = DriftSettings.model_validate(topology.processors["drift"].params)
+    assert settings.compare == "aggregates"
+    compared = load_feature_set(topology.path(settings.feature_set)).aggregate_names
+    monitor = DriftMonitor(codecs={}, monitors={"pm.features.device_window": "features"}, drift_topic="pm.monitor.drift",
+                           alert_topic="pm.actions.alert", dlq_topic="pm.dlq.monitor", card_path=CARD,
+                           settings=settings.model_copy(update={"config_center": False}), compared=compared)
+    monitor.setup()
+    tested = monitor.detectors["features"].features
+    assert tested == list(FEATURE_SET.aggregate_names) == list(references(load_baseline(CARD).features))
+    assert FEATURE_SET.attribute_names and not set(tested) & set(FEATURE_SET.attribute_names)
+    # the baseline still holds every input: the prediction reference is the model scoring whole vectors
+    assert list(load_baseline(CARD).features) == list(FEATURE_NAMES)
+
+
+def test_compare_aggregates_needs_the_feature_set_and_a_baseline_that_holds_them(tmp_path):
+    with pytest.raises(ValueError, match="needs `feature_set:`"):
+        DriftSettings(model="anomaly", drift_topic="d", alert_topic="a", entity_field="device_id", compare="aggregates")
+    settings = DriftSettings(model="anomaly", drift_topic="d", alert_topic="a", entity_field="device_id",
+                             config_center=False)
+    monitor = DriftMonitor(codecs={}, monitors={"t": "features"}, drift_topic="d", alert_topic="a", dlq_topic="q",
+                           card_path=CARD, settings=settings, compared=("temperature_mean", "humidity_mean"))
+    with pytest.raises(DriftBaselineError, match=r"no sample of \['humidity_mean'\]"):
+        monitor.setup()

@@ -132,6 +132,20 @@ def test_window_attributes_are_encoded_in_declared_order_as_of_the_windows_last_
     assert got[3, :2].tolist() == [0.0, 0.0] and np.isnan(got[3, 2])  # no version, no defaults
 
 
+def test_the_declarations_encoder_gives_a_training_script_what_the_join_appends():
+    """``EnrichmentSpec.encode`` on a table value (a register entry) is what the engines append for it; on ``None``
+    the defaults (or, without them, zeros and NaN), as for an entity with no version in effect."""
+    table = VersionedTable(feature_set().enrichment.used)
+    table.put("d1", 0, device(site="plant-b", rpm=1600.0))
+    for fs in (feature_set(), feature_set(missing="defaults", defaults={"status": "online", "rated_temperature": 55.0,
+                                                                       "rated_rpm": 1400.0, "site": "plant-a"})):
+        joined = Join(fs, table, "features").attributes([("d1", 0), ("unknown", 0)])
+        assert fs.enrichment.encode(device(site="plant-b", rpm=1600.0)) == joined[0].tolist() == [0.0, 1.0, 1600.0]
+        np.testing.assert_array_equal(fs.enrichment.encode(None), joined[1])
+    assert feature_set(missing="defaults", defaults={"status": "online", "rated_temperature": 55.0, "rated_rpm": 1400.0,
+                                                     "site": "plant-a"}).enrichment.encode(None) == [1.0, 0.0, 1400.0]
+
+
 def test_a_declaration_that_cannot_join_is_refused_with_the_reason():
     with pytest.raises(ValidationError, match="not declared inputs"):
         feature_set(fill={"humidity": "rated_temperature"})

@@ -22,6 +22,8 @@ CONTRACT = (
     "pressure_mean", "pressure_std", "pressure_min", "pressure_max", "pressure_ptp",
     "rpm_mean", "rpm_std", "rpm_min", "rpm_max", "rpm_ptp",
     "vibration_band_energy",
+    # appended with the fleet register's attributes (issue #24): the rated values of the window's device
+    "rated_temperature", "rated_current", "rated_rpm",
 )
 
 

@@ -1,3 +1,6 @@
+import json
+import shutil
+
 import numpy as np
 import pytest
 
@@ -6,7 +9,13 @@ from streams.features import PartitionWindows, band_energy
 from streams.features.batch import BatchWindows
 from streams.features.compute import compute_windows
 from streams.features.spec import FeatureSet
-from pm_app.simulator import SENSORS, Device, Fleet, windows_for_training
+from pm_app.simulator import SENSORS, Device, Fleet, FleetSettings, FleetSimulator, windows_for_training
+from reference import PM, pm_topology
+from streams.demo import served_cards
+from streams.settings import StackSettings
+from streams.simulation import Observed
+from streams.features.enrich import Join
+from streams.features.table import VersionedTable
 
 
 def test_window_features_match_a_plain_numpy_reference():
@@ -15,7 +24,7 @@ def test_window_features_match_a_plain_numpy_reference():
     values[3, 1] = np.nan
     values[7, 4] = np.nan
     got = window_features(values, hz=10.0)
-    assert list(got) == list(FEATURE_NAMES)
+    assert list(got) == list(FEATURE_SET.aggregate_names)
     assert got["missing_rate"] == pytest.approx(2 / values.size)
     for j, s in enumerate(SENSORS):
         col = values[:, j][~np.isnan(values[:, j])]
@@ -59,11 +68,35 @@ def test_fleet_ticks_are_json_with_every_fault_present():
 
 
 def test_training_windows_are_labelled_from_the_ground_truth():
-    windows, labels, faults = windows_for_training(10, 60, 5, 10, seed=2)
+    windows, labels, faults, registers = windows_for_training(10, 60, 5, 10, seed=2)
     assert windows.shape[1:] == (50, len(SENSORS))
     assert set(labels) <= {"healthy", "bearing_wear", "overheating"}
     for label, fault in zip(labels, faults):
         assert label == "healthy" or label == fault
+    assert len(registers) == len(windows) and len({r["device_id"] for r in registers}) == 10
+    assert all(r["status"] == "online" for r in registers)
+
+
+def test_the_model_vector_is_the_aggregates_then_the_register_attributes_as_the_engines_encode_them():
+    rng = np.random.default_rng(5)
+    device = Device.random("d", rng)
+    features = window_features(device.sample(np.arange(50) / 10.0, rng), 10.0)
+    entry = device.register("plant-a")
+    vector = feature_vector(features, entry)
+    assert len(vector) == len(FEATURE_NAMES) == len(FEATURE_SET.aggregate_names) + len(FEATURE_SET.attribute_names)
+    assert vector[:len(features)] == [features[n] for n in FEATURE_SET.aggregate_names]
+    assert dict(zip(FEATURE_NAMES[len(features):], vector[len(features):])) == {
+        "rated_temperature": entry["rated_temperature"], "rated_current": entry["rated_current"],
+        "rated_rpm": entry["rated_rpm"]}
+    # an unregistered device: the declared defaults, the fleet's typical ratings
+    defaults = FEATURE_SET.enrichment.defaults
+    assert feature_vector(features)[len(features):] == [defaults[n] for n in FEATURE_SET.attribute_names]
+    # the embedded engine's join appends the same numbers (the runtime's one encoder)
+    table = VersionedTable(FEATURE_SET.enrichment.used)
+    table.put("d", 0, entry)
+    join = Join(FEATURE_SET, table, "test")
+    np.testing.assert_array_equal(join.attributes([("d", 0), ("unknown", 0)]),
+                                  [vector[len(features):], feature_vector(features)[len(features):]])
 
 
 # -- the shared event-time state machine (every engine runs it, or its batch twin) --------------
@@ -116,7 +149,7 @@ def test_out_of_order_and_late_readings_match_the_reference(hop_ms):
     assert got.keys() == expected.keys()
     for start in expected:
         assert got[start]["count"] == expected[start]["count"]
-        for name in FEATURE_NAMES:
+        for name in FEATURE_SET.aggregate_names:
             assert got[start][name] == pytest.approx(expected[start][name], rel=1e-12, abs=1e-15), (start, name)
 
 
@@ -154,7 +187,7 @@ def test_features_of_many_windows_at_once_equal_those_of_each_window():
     got = compute_windows(FEATURE_SET, np.concatenate(windows), bounds)
     for i, values in enumerate(windows):
         expected = window_features(values, FEATURE_SET.sample_hz)
-        assert got[i] == pytest.approx([expected[n] for n in FEATURE_NAMES], rel=1e-12, abs=1e-12), i
+        assert got[i] == pytest.approx([expected[n] for n in FEATURE_SET.aggregate_names], rel=1e-12, abs=1e-12), i
 
 
 def _stream(seed: int, entities: int, readings: int) -> list[tuple[str, int, list[float]]]:
@@ -237,3 +270,44 @@ def test_the_first_open_offset_of_a_partition_follows_its_open_windows():
     windows.forget({0})
     assert windows.first_open_offset(0) is None and windows.unknown(np.array([0, 1])) == [0]
     assert windows.first_open_offset(1) == 20
+
+
+def test_the_model_card_records_the_accuracy_with_and_without_the_attributes_and_with_the_defaults():
+    """`tangram models build` (make setup) trained the served model on the full vector and, for comparison, the same
+    training on the aggregates alone; both are scored on the same held-out windows, the first also joined with the
+    defaults (an unregistered device)."""
+    card = json.loads((PM / "model_repository" / "anomaly" / "model_card.json").read_text())
+    assert card["features"] == list(FEATURE_NAMES) and card["attributes"] == list(FEATURE_SET.attribute_names)
+    assert 0 < card["attribute_defaults_share"] < 1
+    for key in ("metrics", "metrics_without_attributes", "metrics_with_defaults"):
+        metrics = card[key]
+        assert 0.9 < metrics["accuracy"] <= 1.0, (key, metrics)
+        assert sum(c["support"] for c in metrics["per_class"].values()) == card["test_windows"] > 1000
+        assert all(0 <= c["precision"] <= 1 and 0 <= c["recall"] <= 1 for c in metrics["per_class"].values())
+
+
+def test_the_demo_scoreboard_shows_the_served_models_accuracy_with_and_without_the_attributes(tmp_path):
+    """The runtime hands the app's scorer the cards of the models the stack serves (it reads files, imports no app);
+    the app's scorer puts the accuracy figures beside the filtered count."""
+    stack = StackSettings(home=tmp_path, model_repository=tmp_path / "models")
+    shutil.copytree(PM / "model_repository" / "anomaly", stack.model_repository / "anomaly")
+    cards = served_cards(pm_topology(), stack)
+    card = json.loads((PM / "model_repository" / "anomaly" / "model_card.json").read_text())
+    assert cards == {"anomaly": card}
+
+    simulator = FleetSimulator(pm_topology(), FleetSettings(), entities=12, seed=3)
+    for step in range(300):  # 30 s: one device is taken out of service at 20 s
+        simulator.tick(step, 0)
+    truth = [label for _, label in simulator.truth(0)]
+    board = simulator.score(Observed(start_ms=0, truth=truth, filtered={"status=maintenance": 90}, model_cards=cards))
+    expected = " / ".join(f"{card[k]['accuracy']:.4f}"
+                          for k in ("metrics", "metrics_without_attributes", "metrics_with_defaults"))
+    assert board.figures["anomaly held-out accuracy with / without attributes / with defaults"] == expected
+    filtered = next(i for i, n in enumerate(board.notes) if n.startswith("readings of devices not online"))
+    assert board.notes[filtered + 1].startswith(f"model anomaly v1 ({card['dataset_version']}), held-out accuracy "
+                                                f"over {card['test_windows']:,} windows: ")
+    assert "rated_temperature, rated_current, rated_rpm" in board.notes[filtered + 1]
+    # a card of another training script (no comparison in it) adds nothing, and no card at all neither
+    for other in ({"anomaly": {"metrics": {"accuracy": 0.9}}}, {}):
+        board = simulator.score(Observed(start_ms=0, truth=truth, model_cards=other))
+        assert not any("accuracy" in k for k in board.figures) and not any("held-out" in n for n in board.notes)

@@ -14,10 +14,13 @@ from tritonclient.grpc import model_config_pb2
 
 from inference_workers import triton_server
 from inference_workers.triton_client import ModelContract, TensorContract
+from pm_app import FEATURE_NAMES
 from reference import PM
 
 REPOSITORY = PM / "model_repository"
 CONFIG = REPOSITORY / "anomaly" / "config.pbtxt"
+#: The input the config declares: the reference feature set's vector (27 window aggregates, 3 rated values).
+WIDTH = len(FEATURE_NAMES)
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +36,9 @@ def test_config_is_an_onnx_model_named_after_its_folder(config: model_config_pb2
 
 def test_config_declares_the_tensors(config: model_config_pb2.ModelConfig) -> None:
     assert [(t.name, t.data_type, list(t.dims)) for t in config.input] == [
-        ("features", model_config_pb2.TYPE_FP32, [27])
+        ("features", model_config_pb2.TYPE_FP32, [WIDTH])
     ]
+    assert WIDTH == 30
     assert [(t.name, t.data_type, list(t.dims)) for t in config.output] == [
         ("probabilities", model_config_pb2.TYPE_FP32, [3])
     ]
@@ -54,7 +58,7 @@ def test_the_client_contract_is_read_from_the_config(config: model_config_pb2.Mo
     """The contract the inference workers check at setup is the one the app's repository declares, labels included."""
     contract = ModelContract.from_config(CONFIG.parent)
     assert contract == ModelContract(
-        input=TensorContract("features", "FP32", (27,)),
+        input=TensorContract("features", "FP32", (WIDTH,)),
         output=TensorContract("probabilities", "FP32", (3,)),
         max_batch_size=config.max_batch_size,
         labels=("healthy", "bearing_wear", "overheating"),
@@ -96,7 +100,7 @@ def test_the_local_server_reads_the_config_as_declared(tmp_path: Path) -> None:
     assert spec.name == "anomaly"
     assert spec.version == 3  # Triton's default version policy: the latest one
     assert spec.onnx_path == model_dir / "3" / "model.onnx"
-    assert spec.inputs == (triton_server.TensorSpec("features", np.dtype(np.float32), (27,)),)
+    assert spec.inputs == (triton_server.TensorSpec("features", np.dtype(np.float32), (WIDTH,)),)
     assert spec.outputs == (triton_server.TensorSpec("probabilities", np.dtype(np.float32), (3,)),)
     assert spec.max_batch_size == 1024
     assert spec.dynamic_batching
@@ -148,7 +152,7 @@ def test_the_local_server_starts_triton_with_explicit_model_control(tmp_path: Pa
     assert "--backend-config=python,shm-region-prefix-name=tangram-triton-1-ab-" in command
 
 
-def _onnx_model(path: Path, features: int = 27) -> None:
+def _onnx_model(path: Path, features: int = WIDTH) -> None:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -173,19 +177,19 @@ def test_the_onnx_backend_checks_the_graph_against_the_config(tmp_path: Path) ->
 
     as_json = MessageToDict(triton_server.parse_model_config(CONFIG), preserving_proto_field_name=True)
     inputs, outputs = backend.declared_tensors(as_json, "input"), backend.declared_tensors(as_json, "output")
-    assert inputs == [("features", np.dtype(np.float32), (27,))] and outputs == [("probabilities", np.dtype(np.float32), (3,))]
+    assert inputs == [("features", np.dtype(np.float32), (WIDTH,))] and outputs == [("probabilities", np.dtype(np.float32), (3,))]
 
     good, narrow, wrong = tmp_path / "good.onnx", tmp_path / "narrow.onnx", tmp_path / "missing.onnx"
     _onnx_model(good)
-    _onnx_model(narrow, features=26)
+    _onnx_model(narrow, features=WIDTH - 1)
     session = backend.open_session(str(good), inputs, outputs, True, "v1")
-    assert session.run(["probabilities"], {"features": np.zeros((2, 27), dtype=np.float32)})[0].shape == (2, 3)
-    with pytest.raises(ValueError, match=r"v2: input 'features' has shape \['batch', 26\].*declares \[-1, 27\]"):
+    assert session.run(["probabilities"], {"features": np.zeros((2, WIDTH), dtype=np.float32)})[0].shape == (2, 3)
+    with pytest.raises(ValueError, match=rf"v2: input 'features' has shape \['batch', {WIDTH - 1}\].*declares \[-1, {WIDTH}\]"):
         backend.open_session(str(narrow), inputs, outputs, True, "v2")
     with pytest.raises(ValueError, match="output 'scores' is not an output of the ONNX graph"):
         backend.open_session(str(good), inputs, [("scores", np.dtype(np.float32), (3,))], True, "v3")
     with pytest.raises(ValueError, match="is tensor\\(float\\) in the ONNX graph, the config declares float64"):
-        backend.open_session(str(good), [("features", np.dtype(np.float64), (27,))], outputs, True, "v4")
+        backend.open_session(str(good), [("features", np.dtype(np.float64), (WIDTH,))], outputs, True, "v4")
     with pytest.raises(ValueError, match="does not exist"):
         backend.open_session(str(wrong), inputs, outputs, True, "v5")
 

@@ -20,17 +20,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pm_app import FEATURE_NAMES, feature_vector, window_features
+from pm_app import FEATURE_NAMES, FEATURE_SET, feature_vector, window_features
 from pm_app.simulator import Drift, windows_for_training
 from pm_app.train import DatasetParams
 from streams.monitor.stats import DriftDetector, NumericReference, Thresholds
 
 
 def feature_rows(params: DatasetParams, seed: int, drifts: Sequence[Drift] = ()) -> list[dict]:
-    """Feature windows of a training-like fleet (seed ``seed``), shuffled, without timestamps."""
-    windows, _, _ = windows_for_training(params.n_devices, params.seconds, params.window_s, params.hz, seed,
-                                         drifts=drifts)
-    x = np.array([feature_vector(window_features(w, params.hz)) for w in windows], dtype=np.float64)
+    """Feature windows of a training-like fleet (seed ``seed``), each joined with its device's register entry,
+    shuffled, without timestamps."""
+    windows, _, _, registers = windows_for_training(params.n_devices, params.seconds, params.window_s, params.hz,
+                                                    seed, drifts=drifts)
+    x = np.array([feature_vector(window_features(w, params.hz), r) for w, r in zip(windows, registers)],
+                 dtype=np.float64)
     np.random.default_rng(seed).shuffle(x)
     return [dict(zip(FEATURE_NAMES, row)) for row in x]
 
@@ -41,8 +43,14 @@ def stamp(rows: list[dict], fleet_devices: int, window_s: float, start_ms: int =
     return [{**r, "ts_ms": start_ms + int(i * gap_ms)} for i, r in enumerate(rows)]
 
 
+#: The features the topology's drift job tests (``compare: aggregates``): the window aggregates, not the register's
+#: rated values, which are constant per device.
+COMPARED: tuple[str, ...] = FEATURE_SET.aggregate_names
+
+
 def references(reference: Mapping[str, np.ndarray], bins: int = 10) -> dict[str, NumericReference]:
-    return {name: NumericReference.of(sample, bins) for name, sample in reference.items()}
+    """The references of the ``COMPARED`` features from a baseline's samples (name → column)."""
+    return {name: NumericReference.of(reference[name], bins) for name in COMPARED}
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import math
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
-from typing import Literal, Sequence
+from typing import Literal, NamedTuple, Sequence
 
 import numpy as np
 from pydantic import Field
@@ -311,10 +311,19 @@ def recorded_readings(n_devices: int, seconds: float, *, hz: float = 10.0, seed:
     return out
 
 
+class TrainingWindows(NamedTuple):
+    """Simulated windows and what is known of each: its label, its device's fault and register entry."""
+
+    windows: np.ndarray  # (windows, samples, 5) in ``SENSORS`` order, NaN = missing
+    labels: list[str]
+    faults: list[str]
+    registers: list[dict]  # the device's ``pm.devices`` entry (``Device.register``), online
+
+
 def windows_for_training(
     n_devices: int, seconds: float, window_s: float, hz: float, seed: int, *, drifts: Sequence[Drift] = ()
-) -> tuple[np.ndarray, list[str], list[str]]:
-    """Simulated readings cut into windows: (array of shape (windows, samples, 5), labels, faults).
+) -> TrainingWindows:
+    """Simulated readings cut into windows, with their labels, faults and register entries.
 
     ``drifts`` (none for training) are applied to every device, for drift measurements on the
     same population the model was trained on. A window is labelled with its device's fault once the fault is well under way
@@ -323,7 +332,7 @@ def windows_for_training(
     """
     rng = np.random.default_rng(seed)
     per_window = int(round(window_s * hz))
-    windows, labels, faults = [], [], []
+    windows, labels, faults, registers = [], [], [], []
     choices = ["none", "none", "bearing_wear", "overheating", "sensor_dropout"]
     for i in range(n_devices):
         fault = choices[i % len(choices)]
@@ -331,6 +340,7 @@ def windows_for_training(
         device = Device.random(f"train-{i}", rng, fault, onset)
         if drifts:
             device = replace(device, drifts=tuple(drifts))
+        register = device.register(SITES[i % len(SITES)])
         t = np.arange(int(seconds * hz)) / hz
         values = device.sample(t, rng)
         for w in range(len(t) // per_window):
@@ -345,7 +355,8 @@ def windows_for_training(
             windows.append(values[w * per_window:(w + 1) * per_window])
             labels.append(label)
             faults.append(fault)
-    return np.stack(windows), labels, faults
+            registers.append(register)
+    return TrainingWindows(np.stack(windows), labels, faults, registers)
 
 
 # -- the app's simulator, as the runtime's tools drive it (streams.simulation) -------------------------
@@ -443,6 +454,8 @@ class FleetSimulator(Simulator):
         for why, sent in sorted(self.fleet.sent_not_online.items()):
             notes.append(f"readings of devices not online ({why}): {sent:,} sent, "
                          f"{observed.filtered.get(why, 0):,} filtered out by the feature stage")
+        accuracy = attribute_accuracy(observed.model_cards)
+        notes += [line for line, _ in accuracy.values()]
         delays = [d for f in faults.values() for d in f["delays_s"]]
         figures = {
             **{f"detected {f}": f"{faults[f]['detected']}/{faults[f]['devices']}" for f in ACTED_ON if f in faults},
@@ -453,8 +466,28 @@ class FleetSimulator(Simulator):
             "faults": faults,
             **{f"filtered {why}": f"{observed.filtered.get(why, 0)}/{sent}"
                for why, sent in sorted(self.fleet.sent_not_online.items())},
+            **{f"{model} held-out accuracy with / without attributes / with defaults": figure
+               for model, (_, figure) in accuracy.items()},
         }
         return Scoreboard(tables=[table], figures=figures, notes=notes)
+
+
+def attribute_accuracy(cards: dict[str, dict]) -> dict[str, tuple[str, str]]:
+    """Model → (a line, a figure) of what its training measured (``pm_app.train``): held-out accuracy with the
+    register's attributes, with the same training on the aggregates alone, and with the attribute defaults."""
+    out = {}
+    for model, card in sorted(cards.items()):
+        try:
+            with_, without, defaults = (card[k]["accuracy"] for k in
+                                        ("metrics", "metrics_without_attributes", "metrics_with_defaults"))
+        except (KeyError, TypeError):  # a card of another training script: nothing to compare
+            continue
+        out[model] = (f"model {model} v{card.get('version', '?')} ({card.get('dataset_version', '?')}), held-out "
+                      f"accuracy over {card.get('test_windows', 0):,} windows: {with_:.4f} with the register's "
+                      f"attributes ({', '.join(card.get('attributes', []))}), {without:.4f} trained without them, "
+                      f"{defaults:.4f} with the defaults (an unregistered device)",
+                      f"{with_:.4f} / {without:.4f} / {defaults:.4f}")
+    return out
 
 
 def _event_id(value: bytes) -> str:
