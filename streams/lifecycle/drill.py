@@ -33,6 +33,7 @@ from streams.errors import ModelRegistryError
 from streams.launcher import high_watermarks
 from streams.lifecycle.artifacts import card_fields
 from streams.lifecycle.registry import MODELS_TOPIC, ModelRegistry
+from streams.lifecycle.repository import CARD_FILE
 from streams.lifecycle.state import Stage
 from streams.settings import StackSettings
 from streams.topology import Kind, Topology
@@ -75,7 +76,7 @@ class LifecycleDrill:
         self.model = spec.params["model"]
         self.registry = ModelRegistry(self.stack.kafka, spec.params.get("registry_topic", MODELS_TOPIC))
         repository = self.stack.model_repository
-        card = repository / self.model / "model_card.json"
+        card = repository / self.model / CARD_FILE
         if not card.is_file():
             self.skipped = f"no model card {card} (run `tangram models build` and `tangram apply`)"
             return

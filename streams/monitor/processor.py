@@ -38,6 +38,7 @@ from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, dead_letter
 from streams.errors import DriftBaselineError, TopologyError
 from streams.features.spec import load_feature_set
+from streams.lifecycle.repository import CARD_FILE
 from streams.monitor.baseline import Baseline, load_baseline
 from streams.monitor.stats import DriftDetector, Evaluation, FeatureVerdict, NumericReference, Thresholds
 from streams.security.kafka import KafkaConnection
@@ -141,7 +142,7 @@ class DriftMonitor(Processor):
                     if settings.compare == "aggregates" and settings.feature_set else None)
         return cls(codecs=codecs, monitors=monitors, drift_topic=settings.drift_topic,
                    alert_topic=settings.alert_topic, dlq_topic=ctx.dlq,
-                   card_path=ctx.stack.model_repository / settings.model / "model_card.json", settings=settings,
+                   card_path=ctx.stack.model_repository / settings.model / CARD_FILE, settings=settings,
                    kafka=ctx.stack.kafka if settings.config_center else None, compared=compared)
 
     # -- lifecycle -------------------------------------------------------------------

@@ -248,10 +248,16 @@ def train(repository: Path, *, seed: int = 42, n_devices: int = 300, seconds: fl
 
 
 def build(repository: Path, force: bool = False) -> str:
-    """The app's ``models.build`` hook: train version 1 into ``repository`` unless it is there already."""
+    """The app's ``models.build`` hook: train version 1 into ``repository`` unless it is there already, trained
+    on today's dataset and feature vector (a model built before the feature set changed is trained again)."""
     model_dir = repository / MODEL_NAME
-    if not force and (model_dir / "1" / "model.onnx").is_file() and (model_dir / "model_card.json").is_file():
-        return f"{MODEL_NAME} v1 already built in {repository} (--force rebuilds it)"
+    if not force and (model_dir / "1" / "model.onnx").is_file() and (card_path := model_dir / "model_card.json").is_file():
+        built = json.loads(card_path.read_text())
+        if built.get("dataset_version") == DatasetParams().version and built.get("features") == list(FEATURE_NAMES):
+            return f"{MODEL_NAME} v1 already built in {repository} (--force rebuilds it)"
+        log.info("%s v1 in %s was trained on dataset %s with %d inputs: training it again on %s with %d",
+                 MODEL_NAME, repository, built.get("dataset_version"), len(built.get("features", ())),
+                 DatasetParams().version, len(FEATURE_NAMES))
     card = train(repository)
     m = card["metrics"]
     return (f"{MODEL_NAME} v{card['version']} dataset {card['dataset_version']}: held-out accuracy {m['accuracy']:.4f}; "
