@@ -47,7 +47,7 @@ def test_a_three_node_stack_lists_every_broker_and_each_node_has_its_own_ports_a
 def test_the_one_node_stack_keeps_its_ports_files_and_single_replicas(tmp_path):
     from streams.stack import kafka
 
-    settings = StackSettings(home=tmp_path)
+    settings = StackSettings(home=tmp_path, kafka_port=9092, kafka_controller_port=9093, kafka_brokers=1)  # not the env's
     node = _properties(kafka.server_properties(settings))
     assert settings.bootstrap_servers == "127.0.0.1:9092"
     assert node["controller.quorum.voters"] == "1@127.0.0.1:9093"
@@ -73,7 +73,7 @@ def test_a_home_formatted_for_one_node_is_not_started_as_three(tmp_path):
     data = tmp_path / "kafka" / "data"
     data.mkdir(parents=True)
     (data / "meta.properties").write_text("node.id=1\n")  # formatted by a one-node stack
-    settings = StackSettings(home=tmp_path, kafka_brokers=3)
+    settings = StackSettings(home=tmp_path, kafka_brokers=3, secure=False)
     with pytest.raises(StackError, match="formatted for 1 node"):
         kafka.prepare(settings, 1)
 
@@ -95,6 +95,6 @@ def test_down_and_status_see_every_node_of_a_three_node_home_without_being_told(
     kafka.data_dir(three).mkdir(parents=True)
     (kafka.data_dir(three) / "meta.properties").write_text("node.id=1\n")
     (tmp_path / "kafka" / "cluster.id").write_text("abc\n3\n")
-    plain = StackSettings(home=tmp_path)  # TANGRAM_KAFKA_BROKERS not set
+    plain = StackSettings(home=tmp_path, kafka_brokers=1)  # as without TANGRAM_KAFKA_BROKERS
     assert kafka.node_count(plain) == 3
     assert [p.name for p in components.build(plain) if p.component == "kafka"] == ["kafka", "kafka-2", "kafka-3"]
