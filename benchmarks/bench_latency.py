@@ -6,8 +6,9 @@ first in the same run, or given with ``--max-rate``. For each share a fleet of `
 (open loop: a slow pipeline does not slow the sender) into a fresh namespace of the reference topology
 whose rules have no cooldown, so that every window judged faulty yields an action.
 
-Latency runs from the producer's send time of the reading that closed a window (the device's first
-reading at or past the window's end plus the allowed lateness: the one that moved the watermark) to
+Latency runs from the producer's send time of the reading that closed a window (the first reading of the
+window's partition, of any device, at or past the window's end plus the allowed lateness: the one that
+moved the partition's stream time, the feature stage's watermark, past it) to
 the broker's append time of the window's action (the windows, predictions and action topics are switched to
 ``LogAppendTime``), not to any processor's clock; the window and prediction of the same reading are
 timed the same way, so each hop's share shows. The window length and lateness are the
@@ -38,7 +39,7 @@ from reference_app import Device  # noqa: E402
 from report import Figure, emit, load  # noqa: E402
 from streams.avro import codec  # noqa: E402
 from reference_app import FEATURE_SET  # noqa: E402
-from streams.testing import create_topics  # noqa: E402
+from streams.testing import create_topics, partition_of  # noqa: E402
 from streams.launcher import Processors  # noqa: E402
 from streams.plan import apply  # noqa: E402
 from streams.settings import StackSettings  # noqa: E402
@@ -56,22 +57,42 @@ def live_fleet(devices: int, seed: int = 9) -> list[Device]:
 
 
 class Closers:
-    """Per device and window, the send time of the reading that closed the window (watermark past end + lateness)."""
+    """Per device and window, the send time of the reading that closed the window.
 
-    def __init__(self) -> None:
+    The feature stage closes a window when its partition's stream time (the newest event time there, of
+    any device) reaches the window's end plus the allowed lateness: the closing reading is the first
+    reading *of the partition* at or past that point, usually another device's, which comes before the
+    device's own. Partitions are the producer's (CRC-32 of the device id, as librdkafka's default
+    partitioner; the ingest stage keeps a reading's partition)."""
+
+    def __init__(self, partitions: int) -> None:
         w = FEATURE_SET.window
         self.size, self.hop, self.lateness = w.size_ms, w.hop_ms, w.allowed_lateness_ms
-        self.open: dict[str, collections.deque[int]] = collections.defaultdict(collections.deque)
-        self.closed: dict[tuple[str, int], float] = {}
+        self.partitions = partitions
+        self.partition: dict[str, int] = {}
+        self.starts: dict[str, set[int]] = collections.defaultdict(set)  # windows each device opened
+        self.open: list[collections.deque[int]] = [collections.deque() for _ in range(partitions)]  # starts, in order
+        self.closing: list[dict[int, float]] = [{} for _ in range(partitions)]  # start → send time of its closer
 
     def sent(self, device: str, ts: int, at: float) -> None:
-        pending = self.open[device]
+        p = self.partition.get(device)
+        if p is None:
+            p = self.partition[device] = partition_of(device, self.partitions)
+        pending = self.open[p]
         while pending and pending[0] + self.size + self.lateness <= ts:
-            self.closed[(device, pending.popleft())] = at
+            self.closing[p][pending.popleft()] = at
         base = ts - ts % self.hop
         for start in range(base - self.size + self.hop, base + 1, self.hop):
-            if start not in pending and (device, start) not in self.closed and (not pending or start > pending[-1]):
+            if start not in self.closing[p] and (not pending or start > pending[-1]):
                 pending.append(start)
+            self.starts[device].add(start)
+
+    @property
+    def closed(self) -> dict[tuple[str, int], float]:
+        """(device, window start) → the send time of the reading that closed it, for every window closed."""
+        return {(device, start): self.closing[self.partition[device]][start]
+                for device, starts in self.starts.items() for start in starts
+                if start in self.closing[self.partition[device]]}
 
 
 def send_open_loop(stack: StackSettings, topic: str, devices: list[Device], rate: float, seconds: float,
@@ -147,7 +168,7 @@ def run_share(stack: StackSettings, rate: float, seconds: float, tag: str) -> di
     topics = topics_of(topology)
     actions = [t for role, t in topics.items() if role.startswith("action:")]
     append_time(stack, [topics["windows"], topics["predictions"], *actions])
-    closers = Closers()
+    closers = Closers(topology.partitions(topics["ingested"]))  # the feature stage's partitions
     counts = Counts(stack)
     with Processors(path, stack, names=list(CHAIN)) as procs:
         procs.start()
@@ -168,12 +189,11 @@ def run_share(stack: StackSettings, rate: float, seconds: float, tag: str) -> di
         subject = topology.topics[topic].schema_
         for k, t in broker_times(stack, topic, subject, "window_end").items():
             acted[k] = min(t, acted.get(k, t))
-    since = started + WARM_UP_S
-    return {"rate": rate, "devices": len(devices), "sent": sent, "windows": sum(1 for at in closers.closed.values()
-                                                                                  if at >= since),
-            "window_ms": latencies(closers.closed, windowed, since),
-            "prediction_ms": latencies(closers.closed, predicted, since),
-            "action_ms": latencies(closers.closed, acted, since)}
+    since, closed = started + WARM_UP_S, closers.closed
+    return {"rate": rate, "devices": len(devices), "sent": sent, "windows": sum(1 for at in closed.values() if at >= since),
+            "window_ms": latencies(closed, windowed, since),
+            "prediction_ms": latencies(closed, predicted, since),
+            "action_ms": latencies(closed, acted, since)}
 
 
 def main() -> None:
