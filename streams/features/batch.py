@@ -229,16 +229,32 @@ class BatchWindows:
 
     # -- features of closed windows --------------------------------------------------------
     def features(self, closed: list[Closed]) -> tuple[np.ndarray, np.ndarray]:
-        """(reading count, feature rows) of ``closed``, each window's readings in event-time order."""
-        spans = [span for c in closed for span in c.window.spans]
-        ts = [chunk.ts[a:b] for chunk, a, b in spans]
-        counts = np.fromiter((sum(b - a for _, a, b in c.window.spans) for c in closed), dtype=np.int64,
-                             count=len(closed))
+        """(reading count, feature rows) of ``closed``, each window's readings in event-time order.
+
+        A window holds a span per batch that brought it readings: at a low rate that is a span per reading
+        or two, tens of thousands for the windows one stream-time step closes at once. The spans are
+        gathered with array operations (one pass of Python over them, in ``zip`` and ``map``), never a
+        slice per span.
+        """
+        per_window = np.fromiter((len(c.window.spans) for c in closed), dtype=np.int64, count=len(closed))
+        chunks, begins, ends = zip(*(span for c in closed for span in c.window.spans))
+        begin = np.array(begins, dtype=np.int64)
+        length = np.array(ends, dtype=np.int64) - begin
+        # the distinct chunks, laid end to end: a span's rows are ``base[its chunk] + begin .. + length``
+        ids = np.fromiter(map(id, chunks), dtype=np.int64, count=len(chunks))
+        _, first, which = np.unique(ids, return_index=True, return_inverse=True)
+        distinct = [chunks[i] for i in first.tolist()]
+        sizes = np.fromiter((len(chunk.ts) for chunk in distinct), dtype=np.int64, count=len(distinct))
+        base = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        counts = np.add.reduceat(length, np.concatenate(([0], np.cumsum(per_window)[:-1]))) if len(closed) else length
         bounds = np.concatenate(([0], np.cumsum(counts)))
-        all_ts = np.concatenate(ts)
+        total = int(bounds[-1])
+        span_at = np.concatenate(([0], np.cumsum(length)[:-1]))  # each span's first row in the gathered arrays
+        rows = np.repeat(base[which] + begin - span_at, length) + np.arange(total)
+        all_ts = np.concatenate([chunk.ts for chunk in distinct])[rows]
         segment = np.repeat(np.arange(len(closed)), counts)
-        by_time = np.lexsort((np.arange(len(all_ts)), all_ts, segment))  # stable: arrival order breaks ties
-        values = np.concatenate([chunk.values[a:b] for chunk, a, b in spans])[by_time]
+        by_time = np.lexsort((np.arange(total), all_ts, segment))  # stable: arrival order breaks ties
+        values = np.concatenate([chunk.values for chunk in distinct])[rows][by_time]
         return counts, compute_windows(self.fs, values, bounds)
 
     # -- offsets and partitions ------------------------------------------------------------
