@@ -160,7 +160,7 @@ def _hmget_many(client: redis.Redis, entity_ids: list[str], layout: FeastLayout)
     """Feast's ``HMGET`` of ``layout.read_fields`` for each entity, in one command (the ``HMGET_MANY`` script)."""
     if not entity_ids:
         return []
-    keys = [layout.key(e) for e in entity_ids]
+    keys = layout.keys(entity_ids)
     try:
         return client.evalsha(HMGET_MANY_SHA, len(keys), *keys, *layout.read_fields)
     except redis.exceptions.NoScriptError:  # a fresh or restarted Redis: load the script once
@@ -174,7 +174,7 @@ class OnlineRows(Mapping[str, dict]):
 
     def __init__(self, layout: FeastLayout, entity_ids: list[str], replies: list[list[bytes | None]]):
         self.layout, self.entities, self._replies = layout, entity_ids, replies
-        self._index = {e: i for i, e in enumerate(entity_ids)}
+        self._index = dict(zip(entity_ids, range(len(entity_ids))))
         self._rows: dict[str, dict] = {}
 
     def __getitem__(self, entity: str) -> dict:

@@ -17,10 +17,11 @@ active triggers: an operator can force a level, the signals can only add to it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from prometheus_client import Counter, Gauge
@@ -84,17 +85,24 @@ class GoldenSignals:
             self._pending.setdefault(key, now)
 
     def prediction(self, device: str, window_end: int, inference_ms: float) -> None:
+        self.predictions([device], [window_end], [inference_ms])
+
+    def predictions(self, devices: Sequence[str], window_ends: Sequence[int], inference_ms: Sequence[float]) -> None:
+        """:meth:`prediction` for each of a batch's predictions (one clock reading: they arrived together)."""
+        if not len(devices):
+            return
         now = self.clock()
         self._last_prediction = now
-        self._latency_at.append(now)
-        self._latencies.append(float(inference_ms))
-        key = (device, window_end)
-        arrived = self._pending.pop(key, None)
-        if arrived is not None:
-            self._outcome(now, now - arrived > self.spec.prediction_wait_ms / 1000)
-        else:
-            self._predicted.pop(key, None)  # re-inserted: its place is its newest arrival
-            self._predicted[key] = now
+        self._latency_at.extend(itertools.repeat(now, len(devices)))
+        self._latencies.extend(map(float, inference_ms))
+        pending, predicted, wait = self._pending, self._predicted, self.spec.prediction_wait_ms / 1000
+        for key in zip(devices, window_ends):
+            arrived = pending.pop(key, None)
+            if arrived is not None:
+                self._outcome(now, now - arrived > wait)
+            else:
+                predicted.pop(key, None)  # re-inserted: its place is its newest arrival
+                predicted[key] = now
 
     def values(self) -> dict[str, float | None]:
         """Every signal now (None: not enough data in the window for a verdict)."""

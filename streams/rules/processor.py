@@ -37,8 +37,10 @@ why; the record's other rules still decide.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections import OrderedDict
 from collections.abc import Mapping
 from functools import lru_cache
@@ -91,6 +93,7 @@ class RuleProcessor(Processor):
 
     name = "rules"
     services = frozenset({"redis", "registry"})
+    pipelined = True  # a batch's online-store read overlaps the delivery of the batch before
 
     def __init__(self, *, input_codecs: dict[str, AvroCodec], output_codecs: dict[str, AvroCodec], dlq_topic: str,
                  redis_url: str, settings: RulesSettings, app: str, processor: str = "rules",
@@ -140,6 +143,7 @@ class RuleProcessor(Processor):
         self.config = None
         self._rule_value: Any = None  # the config center's value of the rule set now in effect
         self._online: Mapping[str, dict] = {}  # entity → online features, read for the batch being decided
+        self._reader: ThreadPoolExecutor | None = None  # the online-store reads of submitted batches, in order
         RULE_SET_VERSION.labels(processor).set(0)
 
     @classmethod
@@ -186,6 +190,8 @@ class RuleProcessor(Processor):
     def close(self) -> None:
         if self.config is not None:
             self.config.stop()
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
         self.redis.close()
 
     def committable(self, partition: TopicPartition) -> int | None:
@@ -243,13 +249,32 @@ class RuleProcessor(Processor):
 
     # -- the hot path ------------------------------------------------------------------
     def process(self, batch: list[Record]) -> list[Output]:
+        return self.submit(batch)()
+
+    def submit(self, batch: list[Record]) -> functools.partial:
+        """Decode the batch and send its online-store read (in the reader thread, so that Redis answers while the
+        loop delivers the batch before); the returned call decides it. Nothing changes state until then."""
         self._refresh()
         outputs: list[Output] = []
         predictions, windows = self._split(batch, outputs)
+        pending = None
+        if predictions.entities and self.features_layout is not None:
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-online")
+            pending = self._reader.submit(self._read_online, predictions.entities)
+        return functools.partial(self._decide, batch, self.book, outputs, predictions, windows, pending)
+
+    def _decide(self, batch: list[Record], book: RuleBook, outputs: list[Output], predictions: "_Inputs",
+                windows: "_Inputs", pending: Future | None) -> list[Output]:
+        self._refresh()
+        if self.book is not book:  # the rule set changed after the batch was decoded for the one before
+            return self.process(batch)
         # Redis first, before any state changes: when it is down the batch is put back whole (backpressure)
-        self._online = self._read_online(predictions.entities + self._fusion_pending())
-        for entity, end, ms in zip(predictions.entities, predictions.times, predictions.inference_ms):
-            self.signals.prediction(entity, end, ms)
+        online = pending.result() if pending is not None else {}
+        if fused := [e for e in self._fusion_pending() if e not in online]:  # groups that waited since: read too
+            online = self._read_online(predictions.entities + fused)
+        self._online = online
+        self.signals.predictions(predictions.entities, predictions.times, predictions.inference_ms)
         for entity, end in zip(windows.entities, windows.times):
             self.signals.window(entity, end)
         level = self.levels.update(self.signals.values())
@@ -332,8 +357,7 @@ class RuleProcessor(Processor):
         return self._decide_fused(fused, level)
 
     def _decide_predictions(self, predictions: _Inputs, level: Level) -> list[Output]:
-        keys = zip(predictions.entities, predictions.times)
-        todo = [i for i, key in enumerate(keys) if not self._seen_other_path(key, by_model=True)]
+        todo = self._not_decided_otherwise(predictions, by_model=True)
         if self.fusion is not None:
             fused: list[Fused] = []
             for i in todo:
@@ -359,22 +383,27 @@ class RuleProcessor(Processor):
         return self._evaluate(items, level, with_online=True)
 
     def _decide_windows(self, windows: _Inputs, level: Level) -> list[Output]:
-        keys = zip(windows.entities, windows.times)
-        todo = [i for i, key in enumerate(keys) if not self._seen_other_path(key, by_model=False)]
+        todo = self._not_decided_otherwise(windows, by_model=False)
         if level == "L3":
             return [o for i in todo if (o := self._safe_default(windows.records[i], windows.value(i))) is not None]
         return self._evaluate([(windows.records[i], windows.value(i), ()) for i in todo], level, with_online=False)
 
-    def _seen_other_path(self, key: tuple[str, int], by_model: bool) -> bool:
-        """Remember how ``key`` is decided; True if it was already decided on the other path."""
-        before = self._decided.get(key)
-        if before is not None and before != by_model:
-            SKIPPED.labels(self.name, "decided_other_path").inc()
-            return True
-        self._decided[key] = by_model
-        if len(self._decided) > _DECIDED_MAX:
-            self._decided.popitem(last=False)
-        return False
+    def _not_decided_otherwise(self, inputs: "_Inputs", by_model: bool) -> list[int]:
+        """The indexes of ``inputs`` to decide: each (entity, window end) is remembered with how it is decided,
+        and one already decided on the other path (by the model, or from the window alone) is skipped."""
+        decided, todo, skipped = self._decided, [], 0
+        for i, key in enumerate(zip(inputs.entities, inputs.times)):
+            before = decided.get(key)
+            if before is not None and before != by_model:
+                skipped += 1
+                continue
+            decided[key] = by_model
+            todo.append(i)
+        if skipped:
+            SKIPPED.labels(self.name, "decided_other_path").inc(skipped)
+        while len(decided) > _DECIDED_MAX:
+            decided.popitem(last=False)
+        return todo
 
     @staticmethod
     def _blank(rules: tuple[CompiledRule, ...]) -> dict:
