@@ -26,7 +26,15 @@ after a crash is not counted twice. A reading is acknowledged to Faust (so its o
 only once the broker has acknowledged the changelog records of the state it changed: Faust's own
 ``table[key] = value`` leaves them in a buffer that its pre-commit flush drains for at most 0.1 s a
 record, so a ``kill -9`` could lose state whose readings were already committed (a window short of a
-reading). Outputs may repeat (same ``event_id``), never go missing. Late readings go to the DLQ topic. The newest row
+reading). Every offset is applied in order: the clock's ``applied`` is the last offset the state consumed (an
+undecodable reading moves it too), and a reading delivered past ``applied + 1`` has the records in between read
+straight from the source partition and applied first. Faust can skip records after a recovery: it resumes the
+source partitions and seeks them to the committed offsets, then resumes its flow control, which clears the agents'
+queues (faust-streaming 0.15, ``Recovery.on_recovery_completed``); records fetched meanwhile are dropped from the
+queue while the consumer counts them as read, so it never delivers them again (faust-streaming issue #596). A
+restart whose committed offsets were close to its table's lost exactly those readings (a window a reading short).
+The gaps Kafka itself leaves (a transaction's marker, a compacted record) are read as nothing.
+Outputs may repeat (same ``event_id``), never go missing. Late readings go to the DLQ topic. The newest row
 of each entity goes to the online store, Feast's Redis store (``streams.features.layout``), under
 the Feast project ``--project``.
 
@@ -52,9 +60,13 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass
 
 import faust
 import numpy as np
+from faust.types.tuples import TP, ConsumerMessage
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from streams.avro import codec
 from streams.security.kafka import KafkaConnection
@@ -123,6 +135,83 @@ def open_key(partition: int, entity: str) -> bytes:
     return b"open:%d:" % partition + entity.encode()
 
 
+@dataclass(frozen=True)
+class SourceRecord:
+    """A record of the source topic as the agent applies it: one Faust delivered, or one read to fill a gap."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+    @classmethod
+    def of(cls, message: faust.types.tuples.Message) -> "SourceRecord":
+        return cls(message.topic, message.partition, message.offset, message.key, message.value,
+                   tuple(message.headers or ()))
+
+
+def missed(applied: int, offset: int) -> tuple[int, int] | None:
+    """The offsets ``[start, end)`` between the last one a partition's state applied and the one delivered now,
+    when there are any: what was not delivered (or what Kafka leaves empty: a transaction marker, a compacted
+    record). ``applied`` -1: the state has applied nothing of the partition, so from its beginning."""
+    start = applied + 1
+    return (start, offset) if offset > start else None
+
+
+class PartitionReader:
+    """Reads a topic's partition straight from the broker between two offsets, as Faust's consumer would deliver it
+    (uncommitted reads, from the earliest offset when ``start`` is gone): the records a delivery skipped."""
+
+    def __init__(self, config: dict, topic: str, timeout_s: float = 60.0):
+        self.config, self.topic, self.timeout_s = config, topic, timeout_s
+        self._consumer: Consumer | None = None
+
+    def between(self, partition: int, start: int, end: int) -> list[SourceRecord]:
+        """The records at offsets ``start`` (included) to ``end`` (excluded; a record there or after must exist)."""
+        if self._consumer is None:
+            self._consumer = Consumer(self.config)
+        self._consumer.assign([TopicPartition(self.topic, partition, start)])
+        out: list[SourceRecord] = []
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while True:
+                msg = self._consumer.poll(0.5)
+                if msg is None:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{self.topic}[{partition}]: no record at {start} or after in "
+                                           f"{self.timeout_s} s, while one at {end} was delivered")
+                    continue
+                if msg.error():
+                    raise KafkaException(msg.error())
+                if msg.offset() >= end:
+                    return out
+                out.append(SourceRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                                        tuple(msg.headers() or ())))
+        finally:
+            self._consumer.unassign()
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+class Undelivered:
+    """The acknowledgement to Faust of a record it did not deliver (read by :class:`PartitionReader`), as an
+    event's: its offset counts as processed, so the offsets after it can commit."""
+
+    def __init__(self, app: faust.App, record: SourceRecord):
+        self.app = app
+        self.message = ConsumerMessage(record.topic, record.partition, record.offset, 0.0, 0, list(record.headers),
+                                       record.key, record.value, None, tp=TP(record.topic, record.partition),
+                                       generation_id=app.consumer_generation_id)
+
+    def ack(self) -> bool:
+        return self.message.ack(self.app.consumer)
+
+
 def ack_when_durable(event: faust.types.EventT, sent: list[asyncio.Future]) -> None:
     """Acknowledge ``event`` once every changelog record of its state is acknowledged by the broker (a send
     that fails leaves it unacknowledged: its offset is never committed and a restart reads it again)."""
@@ -175,14 +264,14 @@ def build_app(args: argparse.Namespace) -> faust.App:
     dlq = app.topic(args.dlq, internal=False, **raw)
     table = app.Table("entity_windows", default=None, partitions=args.partitions, key_type=bytes, value_type=bytes)
 
-    async def dead_letter(event: faust.types.EventT, reason: str, message: str) -> None:
-        headers = {**dict(event.message.headers or ()),
+    async def dead_letter(record: SourceRecord, reason: str, message: str) -> None:
+        headers = {**dict(record.headers),
                    "dlq.stage": STAGE.encode(), "dlq.reason": reason.encode(), "dlq.error_class": b"Rejected",
-                   "dlq.error_message": message[:1000].encode(), "dlq.source_topic": event.message.topic.encode(),
-                   "dlq.source_partition": str(event.message.partition).encode(),
-                   "dlq.source_offset": str(event.message.offset).encode(),
+                   "dlq.error_message": message[:1000].encode(), "dlq.source_topic": record.topic.encode(),
+                   "dlq.source_partition": str(record.partition).encode(),
+                   "dlq.source_offset": str(record.offset).encode(),
                    "dlq.failed_ms": str(int(time.time() * 1000)).encode()}
-        await (await dlq.send(key=event.key, value=event.value, headers=headers))
+        await (await dlq.send(key=record.key, value=record.value, headers=headers))
 
     join, follower = entity_table(fs, args) if fs.enrichment is not None else (None, None)
     if follower is not None:
@@ -193,14 +282,14 @@ def build_app(args: argparse.Namespace) -> faust.App:
         async def _stopping(sender, **kwargs) -> None:
             follower.close()
 
-    async def enrich(event: faust.types.EventT, entity: str, ts: int, values: np.ndarray) -> bool:
+    async def enrich(record: SourceRecord, entity: str, ts: int, values: np.ndarray) -> bool:
         """Join a reading that is not late (``values``, one row, filled in place): whether it stays in the stream.
         A reading of an unknown entity is dead-lettered, one failing ``keep`` counted."""
         assert join is not None and follower is not None
         verdicts = join.readings([entity], np.array([ts], dtype=np.int64), values)
         join.count(verdicts, np.zeros(1, dtype=bool))
         if verdicts.unknown[0]:
-            await dead_letter(event, "unknown_entity",
+            await dead_letter(record, "unknown_entity",
                               f"{fs.entity.join_key} {entity} has no version in table {follower.topic} at {ts}")
         return bool(verdicts.keep[0])
 
@@ -239,64 +328,93 @@ def build_app(args: argparse.Namespace) -> faust.App:
         table.data[key] = value
         return table.send_changelog(partition, key, value)
 
+    #: Reads what Faust did not deliver between a partition's last applied offset and the one it delivers.
+    reader = PartitionReader(KafkaConnection(args.bootstrap, StackSettings().kafka.security).config(
+        {"group.id": f"{args.group}-gaps", "enable.auto.commit": False, "auto.offset.reset": "earliest",
+         "isolation.level": "read_uncommitted"}), args.source)
+
+    @app.on_before_shutdown.connect
+    async def _close_reader(sender, **kwargs) -> None:  # noqa: ARG001
+        reader.close()
+
+    async def apply(record: SourceRecord) -> list[asyncio.Future]:
+        """Apply one record of the source to its partition's state: the changelog records it sent (none for a
+        record the state already holds: re-delivered after a restart), which acknowledge it once the broker has."""
+        if record.partition not in held:
+            held[record.partition] = restore(record.partition)
+        state, applied, added = held[record.partition]
+        if record.offset <= applied:
+            return []  # re-delivered after a restart: already in the state
+        partition, offset = record.partition, record.offset
+        entity = record.key.decode("utf-8") if record.key is not None else ""
+        try:
+            reading = in_codec.decode(record.value)
+        except WireFormatError as exc:
+            await dead_letter(record, "undecodable", str(exc))
+            held[partition] = (state, offset, added)  # the clock moves past it: applied is every offset consumed
+            return [put(partition, meta_key(partition), encode_meta(state, offset))]
+        ts = reading[fs.source.timestamp_field]
+        late = False
+        if offset <= added.get(entity, -1):
+            # the entity's windows hold it (a crash came between its key and the partition's): only the clock moves
+            joined, closed = True, state.advance(ts)
+        else:
+            # lateness first, whatever the entity; a reading that joins no window still moves the clock
+            values = np.array([[math.nan if reading[s] is None else reading[s] for s in fs.inputs]], dtype=np.float64)
+            late = state.late(ts)
+            joined = not late and (join is None or await enrich(record, entity, ts, values))
+            if joined:
+                carried = {k: v for k, v in dict(record.headers).items() if k in CARRIED}
+                _, closed = state.add(entity, ts, values[0].tolist(), None, carried)
+                added[entity] = offset
+            else:
+                closed = state.advance(ts)
+        if late:
+            await dead_letter(record, "late", f"reading at {ts} is late: its windows are already closed")
+        attributes = (join.attributes([(w["entity"], w["start"]) for w in closed]) if join is not None
+                      else np.empty((len(closed), 0)))
+        for window, attributes_of_window in zip(closed, attributes):
+            out = output_row(fs, window["entity"], window, attributes_of_window)
+            headers = {**(window["window"].last or {}), "event_id": f"{window['entity']}:{window['start']}".encode()}
+            await (await output.send(key=window["entity"].encode(), value=out_codec.encode(out), headers=headers))
+            store.stage(out)
+        if closed:
+            store.flush()
+        # only what changed goes to the changelog: the entities whose windows changed, then the partition's clock
+        sent = []
+        for name in ({entity} if joined else set()) | {w["entity"] for w in closed}:
+            mine = [w for (e, _), w in state.open.items() if e == name]
+            if mine:
+                sent.append(put(partition, open_key(partition, name), encode_windows(mine, added.get(name, -1))))
+            elif open_key(partition, name) in table.data:
+                added.pop(name, None)
+                sent.append(put(partition, open_key(partition, name), None))
+            else:
+                added.pop(name, None)
+        held[partition] = (state, offset, added)
+        sent.append(put(partition, meta_key(partition), encode_meta(state, offset)))
+        return sent
+
+    async def fill(partition: int, start: int, end: int) -> None:
+        """Apply the records at offsets ``start`` to ``end`` (excluded) of a partition, read from the broker:
+        the ones Faust did not deliver (none where Kafka leaves the offsets empty). Each is acknowledged to Faust
+        as a delivered one is, so its offsets commit in order."""
+        records = await asyncio.get_running_loop().run_in_executor(None, reader.between, partition, start, end)
+        if records:
+            log.warning("%s[%d]: offsets %d to %d were not delivered (%d records): read from the partition, applied "
+                        "before offset %d", args.source, partition, start, end - 1, len(records), end)
+        for record in records:
+            ack_when_durable(Undelivered(app, record), await apply(record))
+
     @app.agent(source)
     async def windows(stream: faust.StreamT) -> None:
         async for event in stream.noack().events():  # acknowledged by ack_when_durable, never before
-            msg = event.message
-            entity = event.key.decode("utf-8") if event.key is not None else ""
-            if msg.partition not in held:
-                held[msg.partition] = restore(msg.partition)
-            state, applied, added = held[msg.partition]
-            if msg.offset <= applied:
-                event.ack()
-                continue  # re-delivered after a restart: already in the state
-            try:
-                reading = in_codec.decode(event.value)
-            except WireFormatError as exc:
-                await dead_letter(event, "undecodable", str(exc))
-                event.ack()
-                continue
-            ts = reading[fs.source.timestamp_field]
-            late = False
-            if msg.offset <= added.get(entity, -1):
-                # the entity's windows hold it (a crash came between its key and the partition's): only the clock moves
-                joined, closed = True, state.advance(ts)
-            else:
-                # lateness first, whatever the entity; a reading that joins no window still moves the clock
-                values = np.array([[math.nan if reading[s] is None else reading[s] for s in fs.inputs]], dtype=np.float64)
-                late = state.late(ts)
-                joined = not late and (join is None or await enrich(event, entity, ts, values))
-                if joined:
-                    carried = {k: v for k, v in dict(msg.headers or ()).items() if k in CARRIED}
-                    _, closed = state.add(entity, ts, values[0].tolist(), None, carried)
-                    added[entity] = msg.offset
-                else:
-                    closed = state.advance(ts)
-            if late:
-                await dead_letter(event, "late", f"reading at {ts} is late: its windows are already closed")
-            attributes = (join.attributes([(w["entity"], w["start"]) for w in closed]) if join is not None
-                          else np.empty((len(closed), 0)))
-            for window, attributes_of_window in zip(closed, attributes):
-                out = output_row(fs, window["entity"], window, attributes_of_window)
-                headers = {**(window["window"].last or {}), "event_id": f"{window['entity']}:{window['start']}".encode()}
-                await (await output.send(key=window["entity"].encode(), value=out_codec.encode(out), headers=headers))
-                store.stage(out)
-            if closed:
-                store.flush()
-            # only what changed goes to the changelog: the entities whose windows changed, then the partition's clock
-            sent = []
-            for name in ({entity} if joined else set()) | {w["entity"] for w in closed}:
-                mine = [w for (e, _), w in state.open.items() if e == name]
-                if mine:
-                    sent.append(put(msg.partition, open_key(msg.partition, name), encode_windows(mine, added.get(name, -1))))
-                elif open_key(msg.partition, name) in table.data:
-                    added.pop(name, None)
-                    sent.append(put(msg.partition, open_key(msg.partition, name), None))
-                else:
-                    added.pop(name, None)
-            held[msg.partition] = (state, msg.offset, added)
-            sent.append(put(msg.partition, meta_key(msg.partition), encode_meta(state, msg.offset)))
-            ack_when_durable(event, sent)
+            record = SourceRecord.of(event.message)
+            if record.partition not in held:
+                held[record.partition] = restore(record.partition)
+            if (gap := missed(held[record.partition][1], record.offset)) is not None:
+                await fill(record.partition, *gap)
+            ack_when_durable(event, await apply(record))
 
     return app
 

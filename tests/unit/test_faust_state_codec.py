@@ -91,3 +91,45 @@ def test_a_reading_is_acknowledged_only_once_its_changelog_records_are() -> None
         return before, durable.acked, failed.acked, nothing.acked
 
     assert asyncio.run(scenario()) == (0, 1, 0, 1)
+
+
+def test_the_offsets_between_the_last_applied_and_the_one_delivered_are_the_ones_to_read() -> None:
+    """A partition's state applies every offset in order: a record delivered past ``applied + 1`` means the
+    offsets in between were not delivered (Faust can drop records fetched while it recovers) or are empty in Kafka;
+    either way they are read from the partition before it."""
+    from streams.features.faust_job import missed
+
+    assert missed(41, 42) is None  # the next one
+    assert missed(41, 40) is None and missed(41, 41) is None  # read again after a restart: already applied
+    assert missed(41, 43) == (42, 43)  # one not delivered
+    assert missed(41, 50) == (42, 50)
+    assert missed(-1, 0) is None  # a partition's first record
+    assert missed(-1, 7) == (0, 7)  # nothing applied yet: from the partition's beginning
+
+
+def test_a_record_read_to_fill_a_gap_is_acknowledged_to_faust_as_a_delivered_one() -> None:
+    """Its offset reaches the consumer's acknowledged offsets, so the offsets after it can commit."""
+    from faust.types.tuples import TP
+
+    from streams.features.faust_job import SourceRecord, Undelivered
+
+    class _Consumer:
+        def __init__(self) -> None:
+            self.acked: list[tuple[TP, int]] = []
+
+        def ack(self, message) -> bool:  # as faust's Consumer.ack: marks the message, records its offset
+            if message.acked:
+                return False
+            message.acked = True
+            self.acked.append((message.tp, message.offset))
+            return True
+
+    class _App:
+        consumer = _Consumer()
+        consumer_generation_id = 3
+
+    record = SourceRecord("pm.ingest.telemetry", 2, 98, b"dev-4", b"\x00value", (("event_id", b"e"),))
+    undelivered = Undelivered(_App(), record)
+    assert undelivered.ack() is True
+    assert undelivered.ack() is False  # once
+    assert _App.consumer.acked == [(TP("pm.ingest.telemetry", 2), 98)]
