@@ -13,6 +13,11 @@ faults one after the other:
   nodes (``TANGRAM_KAFKA_BROKERS=3``) it is node 1, one broker of three, and the campaign's copy of the
   topology replicates every topic min(3, nodes) times with one fewer in sync (unless the app declares more);
   the node stays down at least until the chain has caught up without it (how long that took is in the note);
+- ``disk-full:broker``: the filesystem under the Kafka node's log directory filled to the last byte for
+  ``fault_s`` (a file written until ``ENOSPC``), then emptied; a node that stopped itself over it (Kafka
+  takes a log directory that fails a write offline, and stops when none is left) is started again. It
+  needs the log directory on a filesystem of its own (``kafka.disk_filesystem``), or it would fill the
+  machine's disk: the campaign refuses to run it otherwise;
 - ``registry-at-start:<processor>``: the schema registry stopped, the processor killed and restarted
   while it is down, the registry started ``fault_s`` later (the processor must start then);
 - ``oversize``: one record just under the producer's size limit (its dead letter, with the DLQ
@@ -31,6 +36,7 @@ window. Exactly-once mode (``--exactly-once``) runs every processor with Kafka t
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -56,6 +62,7 @@ from streams.plan import apply
 from streams.settings import StackSettings
 from streams.simulation import build_simulator
 from streams.stack import components
+from streams.stack.kafka import kafka_disk
 from streams.stack.process import ManagedProcess
 from streams.testing import expected_windows
 from streams.topology import Kind, Topology, load_topology
@@ -224,11 +231,20 @@ class Campaign:
             kind, _, target = fault.partition(":")
             if kind in ("kill", "registry-at-start") and target not in ("broker", *self.topology.processors):
                 raise TopologyError(f"chaos: {fault!r}: app {original.app!r} has no processor {target!r}")
-            if kind not in ("kill", "freeze", "stop", "registry-at-start", "oversize"):
-                raise TopologyError(f"chaos: unknown fault {fault!r} (kill:, freeze:, stop:, registry-at-start:, oversize)")
+            if kind not in ("kill", "freeze", "stop", "registry-at-start", "disk-full", "oversize"):
+                raise TopologyError(f"chaos: unknown fault {fault!r} "
+                                    "(kill:, freeze:, stop:, registry-at-start:, disk-full:broker, oversize)")
+            if kind == "disk-full":
+                if target != "broker":
+                    raise TopologyError(f"chaos: {fault!r}: only the broker's disk can be filled (disk-full:broker)")
+                kafka_disk(stack)  # refuses a log directory on the machine's own disk
         self.services = {p.name: p for p in components.build(stack)}
-        self.probe = Consumer(stack.kafka.config({"group.id": f"{self.prefix}-probe",
-                               "enable.auto.commit": False}))
+        self.probe = self._new_probe()
+        #: after a wait for the chain to catch up: what was short of the ends (a group's partition, by how many)
+        self.behind: list[str] = []
+
+    def _new_probe(self) -> Consumer:
+        return Consumer(self.stack.kafka.config({"group.id": f"{self.prefix}-probe", "enable.auto.commit": False}))
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> Report:
@@ -283,7 +299,8 @@ class Campaign:
             if nodes > 1:  # the others serve on: the chain must catch up while this one is down
                 served = self._caught_up(killed, timeout_s=self.fault_s + 30)
                 note = (f"broker kill -9 (node 1 of {nodes}); with it down the chain "
-                        + ("did not catch up within the timeout" if served is None else f"caught up in {served:.1f} s")
+                        + (f"did not catch up within the timeout (short: {', '.join(self.behind)})"
+                           if served is None else f"caught up in {served:.1f} s")
                         + "; restarted")
             time.sleep(max(0.0, killed + self.fault_s - time.monotonic()))
             kafka.wait_ready(kafka.start(), self.stack.start_timeout_s)
@@ -319,9 +336,44 @@ class Campaign:
             if not alive:
                 return f"{target} exited while the registry was down", time.monotonic()
             return f"{target} waited for the registry", time.monotonic()
+        if kind == "disk-full":
+            return self._disk_full(), time.monotonic()
         if kind == "oversize":
             return self._oversize(), time.monotonic()
         raise AssertionError(fault)
+
+    def _disk_full(self) -> str:
+        """Kafka's disk full for ``fault_s``: a file beside its log directory written until ``ENOSPC``, removed
+        after; the node started again if it stopped itself meanwhile."""
+        kafka = self.services["kafka"]
+        filler = kafka_disk(self.stack) / "tangram-chaos-disk-full"
+        chunk, written = b"\0" * (1 << 20), 0
+        try:
+            with open(filler, "wb", buffering=0) as f:
+                try:
+                    while True:
+                        written += f.write(chunk)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                try:  # the last bytes, for a filesystem that had less than a chunk left
+                    while f.write(b"\0" * 4096):
+                        written += 4096
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+            full = time.monotonic()
+            while time.monotonic() - full < self.fault_s:
+                time.sleep(0.2)
+            stopped = kafka.pid() is None
+        finally:
+            filler.unlink(missing_ok=True)
+        nodes = f" (node 1 of {self.stack.kafka_brokers})" if self.stack.kafka_brokers > 1 else ""
+        note = f"broker's disk full{nodes} for {self.fault_s:g} s ({written / (1 << 20):.0f} MiB written to fill it)"
+        if not stopped:
+            return note + "; it kept running"
+        kafka.wait_ready(kafka.start(), self.stack.start_timeout_s)
+        return note + "; it stopped itself (log directory offline), started again with the space back"
 
     def _oversize(self) -> str:
         """One record just under the producer's limit (its dead letter is over it), one over it (refused)."""
@@ -384,7 +436,9 @@ class Campaign:
 
     # -- recovery --------------------------------------------------------------------------------
     def _caught_up(self, since: float, timeout_s: float | None = None) -> float | None:
-        """Seconds from ``since`` until every group committed past its inputs' ends at ``since`` (None: timeout)."""
+        """Seconds from ``since`` until every group committed past its inputs' ends at ``since`` (None: timeout,
+        and ``self.behind`` says what was short: a group's partition and by how many records, or the ends
+        unreadable)."""
         topology = self.topology
         deadline = time.monotonic() + (timeout_s or self.recovery_timeout_s)
         targets: dict[str, dict[TopicPartition, int]] = {}
@@ -392,18 +446,27 @@ class Campaign:
             try:
                 if not targets:
                     for name, spec in topology.processors.items():
-                        ends = high_watermarks(self.probe, topology, list(spec.inputs))
+                        ends = high_watermarks(self.probe, topology, list(spec.inputs), timeout_s=5)
                         targets[name] = {tp: end for tp, end in ends.items() if end > 0}
-                if all(self._committed(topology.group(name), ends) for name, ends in targets.items()):
+                self.behind = [f"{name} {tp.topic}[{tp.partition}] by {short}" for name, ends in targets.items()
+                               for tp, short in self._short(topology.group(name), ends).items()]
+                if not self.behind:
                     return time.monotonic() - since
-            except KafkaException:
-                pass  # the broker is still coming back
+            except KafkaException as exc:
+                # A node is down or coming back. The probe's metadata may still name the dead node as a
+                # partition's leader (a client that subscribes to nothing does not look again): a new one asks
+                # the live nodes.
+                self.behind = [f"ends unreadable ({exc.args[0].str()})"]
+                targets = {}
+                self.probe.close()
+                self.probe = self._new_probe()
             time.sleep(0.5)
         return None
 
-    def _committed(self, group: str, ends: dict[TopicPartition, int]) -> bool:
+    def _short(self, group: str, ends: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """The partitions ``group`` has not committed up to ``ends``, with how many records it is short."""
         if not ends:
-            return True
+            return {}
         consumer = Consumer(self.stack.kafka.config({"group.id": group,
                              "enable.auto.commit": False}))
         try:
@@ -412,7 +475,12 @@ class Campaign:
             consumer.close()
         # exactly-once: a transaction's commit marker follows its last record, one offset the group never commits
         slack = 1 if self.exactly_once else 0
-        return all(tp.offset >= ends[TopicPartition(tp.topic, tp.partition)] - slack for tp in committed)
+        short = {}
+        for tp in committed:
+            end = ends[TopicPartition(tp.topic, tp.partition)]
+            if tp.offset < end - slack:
+                short[TopicPartition(tp.topic, tp.partition)] = end - max(tp.offset, 0)
+        return short
 
     # -- accounting ------------------------------------------------------------------------------
     def _account(self, load: _Load) -> Accounting:

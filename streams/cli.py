@@ -329,7 +329,8 @@ def chaos(
                                              "processors, the ones the app has), or a "
                                              "comma-separated list of kill:<processor>, kill:broker, freeze:redis, "
                                              "freeze:triton, stop:redis, stop:triton, registry-at-start:<processor>, "
-                                             "oversize."),
+                                             "disk-full:broker (needs Kafka's log directory on a small "
+                                             "filesystem of its own), oversize."),
     rate: float = typer.Option(200.0, help="Events/s of the load (the app simulator's, every event valid)."),
     fault_s: float = typer.Option(8.0, help="Seconds a freeze, a stop, the broker's or the registry's outage lasts."),
     exactly_once: bool = typer.Option(False, "--exactly-once", help="Every processor with Kafka transactions."),
@@ -342,7 +343,9 @@ def chaos(
     and injects the faults one after the other: kill:<processor> (kill -9, restarted at once), freeze:redis
     and freeze:triton (SIGSTOP of the serving processes for --fault-s), stop:redis and stop:triton (stopped
     and started again), kill:broker (kill -9 of the Kafka broker, restarted after --fault-s),
-    registry-at-start:<processor> (the schema registry down while the processor restarts), oversize (a
+    registry-at-start:<processor> (the schema registry down while the processor restarts), disk-full:broker
+    (the filesystem under Kafka's log directory filled for --fault-s, then emptied; the node started again if
+    it stopped: the log directory must be on a small filesystem of its own), oversize (a
     record just under the producer's size limit and one over it). Recovery: from a fault's end until every
     group committed past what its inputs held then.
 

@@ -253,12 +253,13 @@ class Processors:
         self._write_endpoints()
 
 
-def high_watermarks(consumer: Consumer, topology: Topology, topics: list[str] | None = None) -> dict[TopicPartition, int]:
+def high_watermarks(consumer: Consumer, topology: Topology, topics: list[str] | None = None,
+                    timeout_s: float = 10.0) -> dict[TopicPartition, int]:
     """End offset of every partition of ``topics`` (default: all of the topology's)."""
     out = {}
     for topic in topics or list(topology.topics):
         for p in range(topology.partitions(topic)):
-            out[TopicPartition(topic, p)] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            out[TopicPartition(topic, p)] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
     return out
 
 

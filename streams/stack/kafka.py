@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import os
 import shutil
 import subprocess
 import uuid
@@ -68,6 +69,29 @@ def properties_path(settings: StackSettings, node: int = 1) -> Path:
 def data_dir(settings: StackSettings, node: int = 1) -> Path:
     """Node ``node``'s log directory (node 1's keeps the single-node stack's name)."""
     return settings.home / "kafka" / ("data" if node == 1 else f"data-{node}")
+
+
+#: The most free space a filesystem may have for ``disk-full`` faults to fill it (the machine's own disk has more).
+DISK_FAULT_MAX_FREE = 2 << 30
+
+
+def kafka_disk(settings: StackSettings) -> Path:
+    """The mount point of the filesystem that holds node 1's log directory, when that filesystem is the log
+    directory's own (mounted at it or at a folder above it inside ``TANGRAM_HOME``) and small enough to fill
+    (at most 2 GiB free); otherwise a StackError saying how to give it one."""
+    data = data_dir(settings)
+    mount = data
+    while not os.path.ismount(mount) and mount != settings.home and mount.parent != mount:
+        mount = mount.parent
+    how = (f"mount a small filesystem of its own there before `tangram up`, e.g. "
+           f"`mkdir -p {data} && mount -t tmpfs -o size=512m tmpfs {data}` (as root)")
+    if not os.path.ismount(mount):
+        raise StackError(f"a disk-full fault needs Kafka's log directory {data} on a filesystem of its own: {how}")
+    free = shutil.disk_usage(mount).free
+    if free > DISK_FAULT_MAX_FREE:
+        raise StackError(f"a disk-full fault fills the filesystem under Kafka's log directory ({mount}, "
+                         f"{free / (1 << 30):.1f} GiB free): give the log directory a smaller one: {how}")
+    return mount
 
 
 def java() -> str:

@@ -21,8 +21,11 @@ yields the operator's settings. Only the tests that ask for it start it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +34,7 @@ from streams.errors import StackError
 from streams.lifecycle.repository import install_models, model_dirs
 from streams.settings import StackSettings
 from streams.stack import NAMES, down, up
+from streams.stack.kafka import data_dir
 
 #: TANGRAM_TEST_PORT_OFFSET shifts every test port, so that two test sessions (two checkouts,
 #: two developers on one machine) can run at once.
@@ -103,11 +107,27 @@ def three_node_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack
     """A running stack whose Kafka is three KRaft nodes (session-scoped; only the tests that ask start it).
 
     Like the secured stack, its settings are not exported to the environment: a subprocess meant for it
-    gets ``stack_env(three_node_stack)``.
+    gets ``stack_env(three_node_stack)``. Node 1's log directory is a 256 MiB tmpfs of its own (mounted when
+    the tests run as root, as CI does) for the disk-full fault; elsewhere that test fails saying how to
+    give it one.
     """
     ports = {name: port + THREE_NODES_SHIFT for name, port in TEST_PORTS.items()}
     settings = StackSettings(home=tmp_path_factory.mktemp("tangram-3-nodes"), kafka_brokers=3, **ports)
-    yield from _running(settings, list(NAMES))
+    with _small_disk(data_dir(settings), "256m"):
+        yield from _running(settings, list(NAMES))
+
+
+@contextlib.contextmanager
+def _small_disk(path: Path, size: str) -> Iterator[None]:
+    """``path`` on a tmpfs of ``size`` for the block's duration, when this process may mount one (root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], capture_output=True).returncode == 0
+    try:
+        yield
+    finally:
+        if mounted:
+            subprocess.run(["umount", "--lazy", str(path)], check=False)
 
 
 def _running(settings: StackSettings, components: list[str]) -> Iterator[StackSettings]:
