@@ -101,14 +101,18 @@ class Intake(Stage):
         max_side: int = Field(6000, ge=64, description="Wider images are refused (bad_dimensions).")
         phash_size: int = Field(16, ge=8, le=32, description="Perceptual hash side: phash_size² bits.")
         dedup_ttl_s: int = Field(86_400, ge=1, description="How long an upload's content digest is remembered.")
-        key_prefix: str = Field("intake", description="Prefix of this app's Redis keys (dedup, gallery).")
+        key_prefix: str | None = Field(None, description="Prefix of this app's Redis keys (dedup, gallery); default "
+                                                         "the topology's app name, so that a namespaced copy (a test, "
+                                                         "a backtest, `tangram chaos`) keeps keys of its own as it "
+                                                         "keeps topics of its own.")
         valid_window: int = Field(200, ge=1, description="Uploads over which input_valid_rate is measured.")
 
     def __init__(self, ctx: BuildContext):
         super().__init__(ctx)
         self.redis, self.guard = _redis(ctx)
         self.payloads = PayloadStore.of(ctx.topology, ctx.stack)
-        self.gallery = Gallery(self.redis, f"{self.settings.key_prefix}:gallery")
+        self.prefix = self.settings.key_prefix or ctx.topology.app
+        self.gallery = Gallery(self.redis, f"{self.prefix}:gallery")
         self._outcomes: deque[bool] = deque(maxlen=self.settings.valid_window)
 
     def setup(self) -> None:
@@ -125,7 +129,7 @@ class Intake(Stage):
         s = self.settings
         image = check_image(self.payloads.value(value, "image"), max_bytes=s.max_bytes, min_side=s.min_side,
                             max_side=s.max_side, phash_size=s.phash_size)
-        key = f"{s.key_prefix}:sha256:{image.sha256}"
+        key = f"{self.prefix}:sha256:{image.sha256}"
         first = _redis_call(self.guard, "deduplicating", lambda: self.redis.set(key, value["doc_id"], nx=True, ex=s.dedup_ttl_s))
         if not first:
             owner = (_redis_call(self.guard, "deduplicating", lambda: self.redis.get(key)) or b"").decode()
@@ -341,13 +345,15 @@ class GalleryWriter(Sink):
     services = frozenset({"redis", "registry"})
 
     class Settings(StageSettings):
-        key_prefix: str = Field("intake", description="Prefix of this app's Redis keys (as the intake's).")
+        key_prefix: str | None = Field(None, description="Prefix of this app's Redis keys (as the intake's; default "
+                                                         "the topology's app name).")
         max_entries: int = Field(100_000, ge=1, description="The gallery keeps the newest this many documents.")
 
     def __init__(self, ctx: BuildContext):
         super().__init__(ctx)
         self.redis, self.guard = _redis(ctx)
-        self.gallery = Gallery(self.redis, f"{self.settings.key_prefix}:gallery", self.settings.max_entries)
+        self.gallery = Gallery(self.redis, f"{self.settings.key_prefix or ctx.topology.app}:gallery",
+                               self.settings.max_entries)
 
     def write(self, values: Sequence[dict], records: Sequence[Record]) -> None:
         for value in values:
