@@ -37,6 +37,7 @@ STEPS: list[tuple[str, list[str], list[str]]] = [
     ("bench_enrichment.py", ["--devices", "200", "--seconds", "250", "--entities", "100000"],
      ["--devices", "20", "--seconds", "30", "--entities", "5000"]),
     ("bench_rules.py", ["--records", "500000", "--devices", "100000"], ["--records", "20000", "--devices", "2000"]),
+    ("bench_online_write.py", [], ["--devices", "500", "--flushes", "3"]),
     ("bench_replay.py", ["--minutes", "60"], ["--minutes", "2"]),
     ("bench_e2e.py", ["--readings", "1000000", "--devices", "200"], ["--readings", "60000", "--devices", "100"]),
     ("bench_intake.py", ["--documents", "16"], ["--documents", "4", "--line-documents", "2"]),

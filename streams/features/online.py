@@ -51,6 +51,9 @@ log = logging.getLogger("tangram.features.online")
 
 T = TypeVar("T")
 
+#: Rows per online-store write command (see ``OnlineWriter.flush``).
+WRITE_CHUNK = 256
+
 
 class OnlineWriter:
     """Stages output rows and writes them to Feast's Redis layout on ``flush``, retrying while Redis is unreachable."""
@@ -84,31 +87,48 @@ class OnlineWriter:
             self._pending[entity] = row
 
     def flush(self, progress: tuple[bytes, dict[bytes, bytes]] | None = None) -> None:
-        """Write the staged rows newer than what Redis holds: one command, Feast's rule checked inside Redis.
+        """Write the staged rows newer than what Redis holds, Feast's rule checked inside Redis: one round trip
+        of commands of up to ``WRITE_CHUNK`` rows each.
 
-        ``progress``: a hash key and fields written by the same command (an engine's record of how far it
-        got, see ``streams.features.engine``), so that they and the rows land together or not at all.
+        A Lua script runs alone in Redis: the windows of a whole fleet closing at once (thousands of rows) in one
+        script would hold every reader (the rules' online reads) for tens of milliseconds; commands of a few
+        hundred rows let the readers in between. ``progress``: a hash key and fields (an engine's record of how
+        far it got, see ``streams.features.engine``) written by the last command, so that it never lands
+        before the rows it accounts for.
         """
         if not self._pending and not (progress and progress[1]):
             return
         layout = self.layout
         rows = list(self._pending.values())
-        keys = [layout.key(row[layout.join_key]) for row in rows]
-        args: list = [layout.key_ttl_s or 0, len(layout.read_fields), len(rows), *layout.read_fields]
-        for row, values in zip(rows, layout.encode_rows(rows)) if rows else ():
-            args.append(layout.event_time_ms(row))
-            args.extend(values)
+        head = [layout.key_ttl_s or 0, len(layout.read_fields)]
+        commands: list[tuple[list, list]] = []
+        encoded = layout.encode_rows(rows) if rows else []
+        for at in range(0, max(len(rows), 1), WRITE_CHUNK):
+            chunk = rows[at:at + WRITE_CHUNK]
+            keys = [layout.key(row[layout.join_key]) for row in chunk]
+            args: list = [*head, len(chunk), *layout.read_fields]
+            for row, values in zip(chunk, encoded[at:at + WRITE_CHUNK]):
+                args.append(layout.event_time_ms(row))
+                args.extend(values)
+            commands.append((keys, args))
         if progress and progress[1]:
+            keys, args = commands[-1]
             keys.append(progress[0])
             for name, value in progress[1].items():
                 args += (name, value)
 
+        def send() -> int:
+            pipe = self.redis.pipeline(transaction=False)
+            for keys, args in commands:
+                pipe.evalsha(HSET_NEWER_SHA, len(keys), *keys, *args)
+            return sum(int(n) for n in pipe.execute())
+
         def write() -> int:
             try:
-                return int(self.redis.evalsha(HSET_NEWER_SHA, len(keys), *keys, *args))
+                return send()
             except redis.exceptions.NoScriptError:  # a fresh or restarted Redis: load the script once
-                self.redis.script_load(HSET_NEWER)
-                return int(self.redis.evalsha(HSET_NEWER_SHA, len(keys), *keys, *args))
+                self.redis.script_load(HSET_NEWER)  # (every command of the round trip was refused)
+                return send()
 
         written = self._retrying("write", write)
         self.written += written

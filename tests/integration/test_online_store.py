@@ -20,7 +20,7 @@ import redis
 
 from streams.features.layout import FeastLayout
 from pm_app import FEATURE_SET
-from streams.features.online import OnlineLookup, OnlineWriter, read_online_features
+from streams.features.online import WRITE_CHUNK, OnlineLookup, OnlineWriter, read_online_features
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +74,32 @@ def test_writer_writes_feasts_layout_and_keeps_the_newest_row(stack):
         # another project is another namespace
         assert read_online_features(client, ["a", "b"], other) == [{}, {}]
         assert read_online_features(client, [], layout) == []
+    finally:
+        writer.close()
+        client.close()
+
+
+def test_a_fleets_rows_go_in_commands_of_a_few_hundred_and_the_progress_with_the_last(stack):
+    """The windows of a whole fleet closing at once: written in one round trip of several commands (Redis serves
+    readers between them), every row and the progress there; a Redis that lost its scripts is handled."""
+    layout = FeastLayout.of(FEATURE_SET, _project())
+    rng = random.Random(2)
+    writer = OnlineWriter(stack.redis_url, layout)
+    client = redis.Redis.from_url(stack.redis_url)
+    progress_key = b"progress-" + layout.project.encode()
+    try:
+        writer.setup()
+        rows = [_row(f"dev-{i:05d}", 10_000, rng) for i in range(2 * WRITE_CHUNK + 7)]
+        for row in rows:
+            writer.stage(row)
+        client.script_flush()  # as after a Redis restart: the first command of the round trip is refused
+        writer.flush((progress_key, {b"p:t:0": b"99 10000"}))
+        assert writer.written == len(rows) and writer.skipped == 0
+        assert read_online_features(client, [r["device_id"] for r in rows], layout) == [_served(r) for r in rows]
+        assert writer.read_hash(progress_key, [b"p:t:0"]) == [b"99 10000"]
+
+        writer.flush((progress_key, {b"p:t:0": b"120 15000"}))  # the progress alone, no rows staged
+        assert writer.read_hash(progress_key, [b"p:t:0"]) == [b"120 15000"] and writer.written == len(rows)
     finally:
         writer.close()
         client.close()
