@@ -225,13 +225,17 @@ def _varint(value: int) -> bytes:
 _INT64_TAG = bytes([(4 << 3) | 0])  # int64_val, varint
 
 
+@functools.lru_cache(maxsize=16_384)
 def _int64_value(value: int) -> bytes:
-    """``encode_value(value, integer=True)`` without the message object (the batch writer's path)."""
+    """``encode_value(value, integer=True)`` without the message object (the batch writer's path). Cached: the
+    rows of a flush share their window bounds (aligned windows) and mostly their counts."""
     return _INT64_TAG + _varint(int(value))
 
 
+@functools.lru_cache(maxsize=16_384)
 def _timestamp(epoch_ms: int) -> bytes:
-    """``encode_timestamp`` without the message object: seconds (field 1) and nanos (field 2), zeros omitted."""
+    """``encode_timestamp`` without the message object: seconds (field 1) and nanos (field 2), zeros omitted.
+    Cached, as ``_int64_value``: a flush's rows share their windows' end times."""
     seconds, millis = divmod(int(epoch_ms), 1000)
     return (b"\x08" + _varint(seconds) if seconds else b"") + (b"\x10" + _varint(millis * 1_000_000) if millis else b"")
 
@@ -352,11 +356,12 @@ class FeastLayout:
         cells[:, :, 0] = _DOUBLE_TAG
         cells[:, :, 1:] = doubles.view(np.uint8).reshape(n, k, 8)
         blob, width = cells.tobytes(), 9 * k
+        maybe_null = np.isnan(doubles).any(axis=1).tolist()  # a None became NaN above (a NaN may be a value)
         out = []
         for i, row in enumerate(rows):
             at = i * width
             values = [_int64_value(row[f]) if row.get(f) is not None else b"" for f in self.int_fields]
-            if any(row.get(f) is None for f in self.double_fields):  # Feast's null: the empty message
+            if maybe_null[i] and any(row.get(f) is None for f in self.double_fields):  # Feast's null: the empty message
                 values += [encode_value(row.get(f), integer=False) for f in self.double_fields]
             else:
                 values += [blob[a:a + 9] for a in range(at, at + width, 9)]

@@ -127,6 +127,8 @@ def test_rows_encoded_a_batch_at_a_time_are_the_bytes_of_encode_row():
              **{n: rng.gauss(0, 10 ** rng.randint(-3, 6)) for n in FEATURE_SET.feature_names}} for i in range(40)]
     rows[5]["rpm_mean"] = None
     rows[6]["window_end"] = 0  # an epoch time of zero: Timestamp's fields both omitted
+    rows[7]["vibration_std"] = float("nan")  # a NaN is a value (a double), not Feast's null
+    rows[8]["rpm_mean"], rows[8]["vibration_std"] = None, float("nan")
     for row, values in zip(rows, layout.encode_rows(rows), strict=True):
         mapping = layout.encode_row(row)
         assert values == [mapping[f] for f in layout.read_fields], row["device_id"]
