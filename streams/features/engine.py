@@ -304,8 +304,8 @@ class WindowFeatures(Processor):
         return out
 
     def flush(self) -> None:
-        """Write the emitted windows to the online store, and how far the engine got, in one command (after the
-        broker acknowledged the batch's outputs)."""
+        """Write the emitted windows to the online store, and how far the engine got, in one round trip (after
+        the broker acknowledged the batch's outputs; the progress with the last command)."""
         self.store.flush((self.progress.key, self.progress.fields(self.windows)))
 
     def committable(self, partition: TopicPartition) -> int | None:

@@ -6,8 +6,8 @@ to windows it emitted before it stopped. Without a record of how far it got, the
 call those readings late, and dead-letter good data (issue 21: 9,000 readings of one ``kill -9``).
 
 :class:`Progress` keeps that record in one Redis hash per engine (``tangram:features:<view>:<project>``),
-written by the same command as the batch's rows (``OnlineWriter.flush``), after the broker has
-acknowledged the batch's outputs: so it never claims more than was delivered.
+written by the last command of the round trip that writes the batch's rows (``OnlineWriter.flush``), after
+the broker has acknowledged the batch's outputs: so it never claims more than was delivered and written.
 
 - ``p:<topic>:<partition>`` → ``"<mark> <closed_through>"``: the offset below which every reading of the
   partition was processed and its outputs (windows, dead letters) acknowledged, and the end of the

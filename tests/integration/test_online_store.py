@@ -3,7 +3,7 @@
 - rows written by ``OnlineWriter`` land in Feast's layout (one hash per entity and project, the
   view's fields and ``_ts``, the key TTL) and read back equal through ``read_online_features``;
 - an older or equal row is skipped (Feast's newest-wins rule), a newer one replaces;
-- the engine's progress hash is written by the same command as the rows;
+- the engine's progress hash is written with the rows, by the last command of their round trip;
 - two projects do not see each other's rows;
 - ``OnlineLookup`` coalesces concurrent lookups into shared round trips, caps the keys of one
   command, returns what the synchronous read returns, and reloads its script after SCRIPT FLUSH.
