@@ -25,18 +25,17 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import streams.features.online as online  # noqa: E402
 from reference_app import FEATURE_SET  # noqa: E402
 from report import Figure, emit  # noqa: E402
 from streams.features.layout import FeastLayout  # noqa: E402
+from streams.features.online import WRITE_CHUNK, OnlineWriter  # noqa: E402
 from streams.settings import StackSettings  # noqa: E402
 
 
 def run(url: str, devices: int, flushes: int, chunk: int) -> tuple[float, np.ndarray]:
     """Median flush time (ms) of ``devices`` rows in commands of ``chunk`` rows, and a reader's latencies (ms)."""
-    online.WRITE_CHUNK = chunk
     layout = FeastLayout.of(FEATURE_SET, f"bench{uuid.uuid4().hex[:8]}")
-    writer = online.OnlineWriter(url, layout)
+    writer = OnlineWriter(url, layout, write_chunk=chunk)
     writer.setup()
     rng = random.Random(1)
     stop, waits = threading.Event(), []
@@ -78,7 +77,7 @@ def main() -> None:
     parser.add_argument("--flushes", type=int, default=10)
     args = parser.parse_args()
     url = StackSettings().redis_url
-    chunked = online.WRITE_CHUNK
+    chunked = WRITE_CHUNK
     whole_ms, whole = run(url, args.devices, args.flushes, 10**9)
     parts_ms, parts = run(url, args.devices, args.flushes, chunked)
     p99_whole, p99_parts = np.percentile(whole, 99), np.percentile(parts, 99)

@@ -59,8 +59,9 @@ class OnlineWriter:
     """Stages output rows and writes them to Feast's Redis layout on ``flush``, retrying while Redis is unreachable."""
 
     def __init__(self, redis_url: str, layout: FeastLayout, *, retry_s: float = 300.0, timeout_s: float = 5.0,
-                 guard: Guard | None = None):
+                 guard: Guard | None = None, write_chunk: int = WRITE_CHUNK):
         self.layout = layout
+        self.write_chunk = write_chunk
         self.retry_s = retry_s
         self.guard = guard
         timeout_s = guard.timeout_s if guard is not None else timeout_s
@@ -88,7 +89,7 @@ class OnlineWriter:
 
     def flush(self, progress: tuple[bytes, dict[bytes, bytes]] | None = None) -> None:
         """Write the staged rows newer than what Redis holds, Feast's rule checked inside Redis: one round trip
-        of commands of up to ``WRITE_CHUNK`` rows each.
+        of commands of up to ``write_chunk`` rows each.
 
         A Lua script runs alone in Redis: the windows of a whole fleet closing at once (thousands of rows) in one
         script would hold every reader (the rules' online reads) for tens of milliseconds; commands of a few
@@ -103,11 +104,12 @@ class OnlineWriter:
         head = [layout.key_ttl_s or 0, len(layout.read_fields)]
         commands: list[tuple[list, list]] = []
         encoded = layout.encode_rows(rows) if rows else []
-        for at in range(0, max(len(rows), 1), WRITE_CHUNK):
-            chunk = rows[at:at + WRITE_CHUNK]
+        n = self.write_chunk
+        for at in range(0, len(rows), n) or (0,):  # no rows: one command for the progress alone
+            chunk = rows[at:at + n]
             keys = [layout.key(row[layout.join_key]) for row in chunk]
             args: list = [*head, len(chunk), *layout.read_fields]
-            for row, values in zip(chunk, encoded[at:at + WRITE_CHUNK]):
+            for row, values in zip(chunk, encoded[at:at + n]):
                 args.append(layout.event_time_ms(row))
                 args.extend(values)
             commands.append((keys, args))
