@@ -110,9 +110,14 @@ class Accounting:
     oversize_truncated: int = 0  # of those, kept truncated (``dlq.truncated_from_bytes`` in their headers)
 
     @property
+    def acknowledged(self) -> bool:
+        """Something was sent and the broker acknowledged all of it."""
+        return self.sent > 0 and self.sent == self.produced and self.refused_by_broker == 0
+
+    @property
     def ok(self) -> bool:
         """Nothing lost: something was sent, all of it acknowledged, every event, window and prediction there."""
-        return (self.sent > 0 and self.sent == self.produced and self.refused_by_broker == 0 and self.lost == 0
+        return (self.acknowledged and self.lost == 0
                 and self.windows_missing == 0 and self.windows_incomplete == 0 and self.predictions_missing == 0)
 
     def clean(self, exactly_once: bool) -> bool:
@@ -282,7 +287,7 @@ class Campaign:
             # Quiet topics are not a settled chain: a processor stuck late in the run (ended by its watchdog and
             # started again) delivers after its restart. What is missing is counted again until it is all there
             # or the recovery timeout has passed; how long that took is in the report.
-            while (not accounting.ok and accounting.sent == accounting.produced and not accounting.refused_by_broker
+            while (not accounting.ok and accounting.acknowledged
                    and time.monotonic() - stopped < self.recovery_timeout_s):
                 time.sleep(5)
                 accounting = self._account(load)
