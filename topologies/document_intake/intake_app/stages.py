@@ -79,6 +79,12 @@ def _redis(ctx: BuildContext) -> tuple[redis.Redis, Guard]:
                                 socket_connect_timeout=guard.timeout_s), guard
 
 
+def _key_prefix(ctx: BuildContext, configured: str | None) -> str:
+    """The prefix of the app's Redis keys: the one configured, else the topology's app name (a namespaced copy's
+    own, as its topics are)."""
+    return configured or ctx.topology.app
+
+
 def _redis_call(guard: Guard, what: str, call: Any) -> Any:
     """A Redis call under the processor's declared deadline, retries and breaker (``calls:``); Redis being
     down is backpressure (the batch is retried), never the record's fault."""
@@ -111,7 +117,7 @@ class Intake(Stage):
         super().__init__(ctx)
         self.redis, self.guard = _redis(ctx)
         self.payloads = PayloadStore.of(ctx.topology, ctx.stack)
-        self.prefix = self.settings.key_prefix or ctx.topology.app
+        self.prefix = _key_prefix(ctx, self.settings.key_prefix)
         self.gallery = Gallery(self.redis, f"{self.prefix}:gallery")
         self._outcomes: deque[bool] = deque(maxlen=self.settings.valid_window)
 
@@ -352,7 +358,7 @@ class GalleryWriter(Sink):
     def __init__(self, ctx: BuildContext):
         super().__init__(ctx)
         self.redis, self.guard = _redis(ctx)
-        self.gallery = Gallery(self.redis, f"{self.settings.key_prefix or ctx.topology.app}:gallery",
+        self.gallery = Gallery(self.redis, f"{_key_prefix(ctx, self.settings.key_prefix)}:gallery",
                                self.settings.max_entries)
 
     def write(self, values: Sequence[dict], records: Sequence[Record]) -> None:
