@@ -230,3 +230,16 @@ def test_a_skipped_string_is_still_proven_utf8():
     codec = BatchCodec(schema, HEADER)
     assert codec.decode([good, good], only=("device_id",))["device_id"] == ["dev-1", "dev-1"]
     assert codec.decode([good, bad], only=("device_id",)) is None
+
+
+def test_a_skipped_string_at_the_batch_end_or_empty_before_high_bytes_is_judged_by_its_own_bytes():
+    """The UTF-8 proof of a skipped string looks at that string's bytes only: the last string of the batch is
+    checked to its end, and an empty one before a byte ≥ 0x80 (a double's) is valid."""
+    schema = {"type": "record", "name": "Note", "fields": [{"name": "id", "type": "long"}, {"name": "x", "type": "double"},
+                                                           {"name": "note", "type": ["null", "string"]}]}
+    codec = BatchCodec(schema, HEADER)
+    rows = [{"id": i, "x": -1.5e300, "note": ["", None, "né", "plain"][i % 4]} for i in range(9)]
+    good = [fastavro_bytes(schema, r) for r in rows]
+    assert codec.decode(good, only=("id",))["id"].tolist() == list(range(9))
+    bad_last = good[:-1] + [fastavro_bytes(schema, {**rows[-1], "note": "zz"}).replace(b"zz", b"\xc3\x28")]
+    assert codec.decode(bad_last, only=("id",)) is None
