@@ -61,6 +61,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import faust
 import numpy as np
@@ -252,11 +253,15 @@ def build_app(args: argparse.Namespace) -> faust.App:
     in_codec = codec(args.registry, fs.source.schema_)  # the contracts as `tangram apply` registered them
     out_codec = codec(args.registry, fs.output.schema_)
     store = OnlineWriter(args.redis, FeastLayout.of(fs, args.project))
+    # Faust's own files (its table metadata) under the stack's home, not in whatever folder the job starts in
+    datadir = Path(args.datadir) if args.datadir else StackSettings().home / "faust" / f"{args.group}-data"
+    datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust makes the folder itself, not its parents
     app = faust.App(
         args.group, broker=f"kafka://{args.bootstrap}", store="memory://", web_enabled=False,
         topic_partitions=args.partitions, topic_replication_factor=1, consumer_auto_offset_reset="earliest",
         table_standby_replicas=0, stream_wait_empty=False, key_serializer="raw", value_serializer="raw",
         broker_credentials=broker_credentials(),
+        datadir=str(datadir),
     )
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     source = app.topic(args.source, internal=False, **raw)
@@ -441,6 +446,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group", required=True, help="Faust app id: consumer group and changelog topic prefix.")
     p.add_argument("--table", help="The entity table's topic (default: the feature set's `enrichment.table`).")
     p.add_argument("--partitions", type=int, default=3, help="Partitions of the source topic (the table's).")
+    p.add_argument("--datadir", help="Faust's data folder (default: <TANGRAM_HOME>/faust/<group>-data).")
     return p.parse_args(argv)
 
 
