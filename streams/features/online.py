@@ -214,6 +214,10 @@ class OnlineRows(Mapping[str, dict]):
     def __contains__(self, entity: object) -> bool:
         return entity in self._index
 
+    def unknown(self) -> list[str]:
+        """The entities read that have no row in the view (their ``{}``), without decoding the others."""
+        return [e for e, values in zip(self.entities, self._replies) if values[-1] is None]
+
     def doubles(self, name: str, entities: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Double field ``name`` of each of ``entities`` (all read here) and where it is a plain double."""
         values, valid = self.layout.decode_doubles(self._replies, name)

@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -57,7 +58,7 @@ from streams.columnar import MapColumn
 from streams.wire import WireFormatError
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
-from streams.errors import ServiceUnavailableError, TangramError, TopologyError
+from streams.errors import BackpressureError, ServiceUnavailableError, TangramError, TopologyError
 from streams.features.layout import FeastLayout
 from streams.features import online_layout
 from streams.features.online import OnlineRows, read_online_rows
@@ -144,6 +145,8 @@ class RuleProcessor(Processor):
         self._rule_value: Any = None  # the config center's value of the rule set now in effect
         self._online: Mapping[str, dict] = {}  # entity → online features, read for the batch being decided
         self._reader: ThreadPoolExecutor | None = None  # the online-store reads of submitted batches, in order
+        self._rowless: dict[str, float] = {}  # entity → when a batch first found it without online features
+        self.clock = time.monotonic
         RULE_SET_VERSION.labels(processor).set(0)
 
     @classmethod
@@ -273,6 +276,7 @@ class RuleProcessor(Processor):
         online = pending.result() if pending is not None else {}
         if fused := [e for e in self._fusion_pending() if e not in online]:  # groups that waited since: read too
             online = self._read_online(predictions.entities + fused)
+        self._wait_for_rows(online)
         self._online = online
         self.signals.predictions(predictions.entities, predictions.times, predictions.inference_ms)
         for entity, end in zip(windows.entities, windows.times):
@@ -287,6 +291,26 @@ class RuleProcessor(Processor):
         outputs += self._expire(level)
         self._online = {}
         return outputs
+
+    def _wait_for_rows(self, online: Mapping[str, dict]) -> None:
+        """Hold the batch back (backpressure) while an entity it decides on has no online features yet, for up to
+        ``online_wait_ms`` from the first batch that found it so: the feature stage writes a window's row once the
+        broker acknowledged all of its batch's windows, so a window acknowledged on one partition can be predicted
+        on before a partition led by a failing broker lets the stage write (a chaos run dead-lettered the first
+        predictions of two devices so). Past the wait the batch is decided without them (``rule_missing_input``)."""
+        if not isinstance(online, OnlineRows) or not self.settings.online_wait_ms:
+            return
+        rowless, since = online.unknown(), self._rowless
+        for entity in [e for e in since if e in online and e not in rowless]:
+            del since[entity]  # its row came
+        if not rowless:
+            return
+        now, wait = self.clock(), self.settings.online_wait_ms / 1000
+        if waiting := [e for e in rowless if now - since.setdefault(e, now) < wait]:
+            raise BackpressureError(f"{self.name}: no online features yet for {len(waiting)} entities "
+                                    f"({', '.join(waiting[:3])}); waiting up to {wait:g}s for the feature stage")
+        for entity in rowless:  # waited out: decided without them
+            del since[entity]
 
     def _split(self, batch: list[Record], outputs: list[Output]) -> tuple[_Inputs, _Inputs]:
         """The batch's predictions and feature windows (an undecodable record is dead-lettered into ``outputs``)."""

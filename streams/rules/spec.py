@@ -132,6 +132,9 @@ class RulesSettings(_Frozen):
     cooldown_ms: int = Field(30_000, ge=0, description="Per entity and action type, in event time.")
     features_from: str | None = Field(None, description="The feature processor whose online features rules may read; "
                                                         "none: rules read the record only.")
+    online_wait_ms: int = Field(10_000, ge=0, description="A prediction of an entity without online features yet waits "
+                                                          "this long for the feature stage to write them (the batch is "
+                                                          "held back), then is decided without them; 0: no wait.")
     degradation_level: Level = Field("L0", description="The manual level until the config center says otherwise.")
     rule_set: str | None = Field(None, description="Key in the config center's business-rule namespace that overrides "
                                                    "`rules`; default `<app>.<processor>`.")

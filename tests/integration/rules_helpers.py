@@ -31,7 +31,8 @@ def rules_topology(tmp_path: Path, stack: StackSettings, **params: Any) -> tuple
     path, prefix = isolated_topology(tmp_path)
     raw = yaml.safe_load(path.read_text())
     rules = raw["processors"]["rules"]
-    rules["params"] = {**rules["params"], "config_topic": f"_tangram.config.{prefix}", **params}
+    # the tests here produce predictions themselves, no feature stage writes rows: no wait for them
+    rules["params"] = {**rules["params"], "config_topic": f"_tangram.config.{prefix}", "online_wait_ms": 0, **params}
     rules["max_wait_ms"] = 50
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     topology = load_topology(path)

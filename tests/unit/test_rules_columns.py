@@ -18,6 +18,7 @@ import pytest
 from reference import load_schema
 from streams.avro import SMALL_BATCH, AvroCodec
 from streams.delivery import Record
+from streams.errors import BackpressureError
 from streams.features.layout import FeastLayout
 from streams.features.online import OnlineRows
 from streams.rules import RuleSpec, RulesSettings
@@ -59,9 +60,11 @@ class Processor(RuleProcessor):
     """The rule processor with its online store replaced by a table: the Redis script's replies are made from
     it in Feast's layout (``OnlineRows``, as ``read_online_rows`` returns them)."""
 
-    def __init__(self, online: dict[str, dict]):
+    def __init__(self, online: dict[str, dict], online_wait_ms: int = 0):
+        # no wait for rows by default: an entity without online features is decided (dead-lettered) at once here
         settings = RulesSettings(rules=RULES, entity_field="device_id", time_field="window_end", actions=TOPICS,
-                                 cooldown_ms=20_000, features_from="features", live_config=False)
+                                 cooldown_ms=20_000, features_from="features", live_config=False,
+                                 online_wait_ms=online_wait_ms)
         layout = FeastLayout(project="pm", feature_view="device_window", join_key="device_id",
                              event_time_field="window_end", int_fields=("window_end",),
                              double_fields=("missing_rate",), key_ttl_s=None)
@@ -158,3 +161,28 @@ def _label(record: Record) -> str:
 
 def _score(record: Record) -> float:
     return _value(record)["score"]
+
+
+def test_a_prediction_whose_entity_has_no_online_row_yet_waits_for_it_then_is_decided_without_it():
+    """The feature stage writes a window's row after the broker acknowledged its batch, so a prediction can come
+    first: the batch is held back (backpressure, nothing decided, nothing changed) until the row is there, and is
+    decided with it; an entity that still has none after ``online_wait_ms`` is decided without (a dead letter)."""
+    clock = [100.0]
+    rules = Processor({"dev-1": {"window_end": 5000, "missing_rate": 0.9}}, online_wait_ms=2000)
+    rules.clock = lambda: clock[0]
+    batch = [r for r in predictions(40, 3, 7) if r.key in (b"dev-1", b"dev-2")]
+    with pytest.raises(BackpressureError, match="dev-2"):
+        rules.process(batch)
+    assert not rules._decided  # put back whole: nothing was decided
+    clock[0] += 1.0
+    rules.table["dev-2"] = {"window_end": 5000, "missing_rate": 0.9}  # the feature stage wrote it meanwhile
+    out = rules.process(batch)
+    missing = [o for o in out if o.headers.get("dlq.reason") == "rule_missing_input"]  # (a NaN confidence: unevaluable)
+    assert not missing and rules._rowless == {}
+    assert {o.key for o in out if o.topic == TOPICS["review"]} == {"dev-1", "dev-2"}  # poor_data read the rows
+    late = [r for r in predictions(40, 5, 8) if r.key == b"dev-4"]
+    with pytest.raises(BackpressureError):
+        rules.process(late)
+    clock[0] += 2.5  # waited out: decided without a row
+    reasons = {o.headers.get("dlq.reason") for o in rules.process(late) if o.topic == "pm.dlq.rules"}
+    assert reasons == {"rule_missing_input"} and rules._rowless == {}
