@@ -388,9 +388,14 @@ class FeastLayout:
             out[valid] = joined.reshape(-1, 9)[:, 1:].copy().view("<f8").reshape(-1)
         return out, valid
 
+    @staticmethod
+    def has_row(values: Sequence[bytes | None]) -> bool:
+        """Whether an ``HMGET`` of ``read_fields`` found a row: its ``_ts``, read last, is there."""
+        return values[-1] is not None
+
     def decode_row(self, values: Sequence[bytes | None]) -> dict[str, float | int | None]:
         """The row read by an ``HMGET`` of ``read_fields`` (``{}`` when the entity has no row in this view)."""
-        if values[-1] is None:
+        if not self.has_row(values):
             return {}
         row = {name: decode_value(data) for name, data in zip(self.int_fields, values)}
         many, nines, tags, at = self._doubles

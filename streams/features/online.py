@@ -216,7 +216,8 @@ class OnlineRows(Mapping[str, dict]):
 
     def unknown(self) -> list[str]:
         """The entities read that have no row in the view (their ``{}``), without decoding the others."""
-        return [e for e, values in zip(self.entities, self._replies) if values[-1] is None]
+        has_row = self.layout.has_row
+        return [e for e, values in zip(self.entities, self._replies) if not has_row(values)]
 
     def doubles(self, name: str, entities: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Double field ``name`` of each of ``entities`` (all read here) and where it is a plain double."""

@@ -301,8 +301,10 @@ class RuleProcessor(Processor):
         if not isinstance(online, OnlineRows) or not self.settings.online_wait_ms:
             return
         rowless, since = online.unknown(), self._rowless
-        for entity in [e for e in since if e in online and e not in rowless]:
-            del since[entity]  # its row came
+        if since:
+            missing = set(rowless)
+            for entity in [e for e in since if e in online and e not in missing]:
+                del since[entity]  # its row came
         if not rowless:
             return
         now, wait = self.clock(), self.settings.online_wait_ms / 1000

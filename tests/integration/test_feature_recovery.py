@@ -181,7 +181,7 @@ def test_a_quiet_partition_closes_its_windows_and_what_a_restart_reads_again_of_
     assert len(late) == expected_late
 
 
-def _explain(late: set[tuple[str, str]], log) -> str:
+def _explain(late: set[tuple[bytes, bytes]], log) -> str:
     """What a failed dead-letter count needs to be understood after the run's files are gone: the dead-lettered
     offsets of each partition (first, last, how many) and the processor's log."""
     spans = {}
