@@ -58,7 +58,7 @@ from streams.columnar import MapColumn
 from streams.wire import WireFormatError
 from streams.context import BuildContext
 from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
-from streams.errors import BackpressureError, ServiceUnavailableError, TangramError, TopologyError
+from streams.errors import ServiceUnavailableError, TangramError, TopologyError
 from streams.features.layout import FeastLayout
 from streams.features import online_layout
 from streams.features.online import OnlineRows, read_online_rows
@@ -85,8 +85,12 @@ FUSIONS = Counter("tangram_rules_fusions_total", "Fused groups, by outcome (comp
                   ["processor", "outcome"])
 SKIPPED = Counter("tangram_rules_skipped_total", "Records not decided, by why (decided_other_path, late_member, level).",
                   ["processor", "why"])
+ROW_WAITS = Counter("tangram_rules_online_row_waits_total", "Batches that waited for an entity's first online row, by "
+                    "outcome (landed, waited_out).", ["processor", "outcome"])
 
+ROW_POLL_S = 0.005  # how often a batch waiting for online rows reads the missing ones again
 _DECIDED_MAX = 200_000  # entity windows remembered for one-path-per-window
+_ROWLESS_MAX = 100_000  # entities remembered as waited out for their first online row
 
 
 class RuleProcessor(Processor):
@@ -146,7 +150,7 @@ class RuleProcessor(Processor):
         self._online: Mapping[str, dict] = {}  # entity → online features, read for the batch being decided
         self._reader: ThreadPoolExecutor | None = None  # the online-store reads of submitted batches, in order
         self._rowless: dict[str, float] = {}  # entity → when a batch first found it without online features
-        self.clock = time.monotonic
+        self.clock, self.sleep = time.monotonic, time.sleep  # (replaced in tests)
         RULE_SET_VERSION.labels(processor).set(0)
 
     @classmethod
@@ -276,8 +280,7 @@ class RuleProcessor(Processor):
         online = pending.result() if pending is not None else {}
         if fused := [e for e in self._fusion_pending() if e not in online]:  # groups that waited since: read too
             online = self._read_online(predictions.entities + fused)
-        self._wait_for_rows(online)
-        self._online = online
+        self._online = online = self._wait_for_rows(online)
         self.signals.predictions(predictions.entities, predictions.times, predictions.inference_ms)
         for entity, end in zip(windows.entities, windows.times):
             self.signals.window(entity, end)
@@ -292,27 +295,43 @@ class RuleProcessor(Processor):
         self._online = {}
         return outputs
 
-    def _wait_for_rows(self, online: Mapping[str, dict]) -> None:
-        """Hold the batch back (backpressure) while an entity it decides on has no online features yet, for up to
-        ``online_wait_ms`` from the first batch that found it so: the feature stage writes a window's row once the
-        broker acknowledged all of its batch's windows, so a window acknowledged on one partition can be predicted
-        on before a partition led by a failing broker lets the stage write (a chaos run dead-lettered the first
-        predictions of two devices so). Past the wait the batch is decided without them (``rule_missing_input``)."""
+    def _wait_for_rows(self, online: Mapping[str, dict]) -> Mapping[str, dict]:
+        """The batch's online rows once every entity it decides on has one, or has waited ``online_wait_ms`` for it
+        from the first batch that found it without. The feature stage writes a window's row once the broker has
+        acknowledged its whole batch of windows, so the window's prediction often comes first (a device's first
+        window; a partition led by a failing broker, where a chaos run dead-lettered the first predictions of two
+        devices). Only the missing entities are read again, every ``ROW_POLL_S``: the batch waits no longer than
+        the row takes to land. Past the wait it is decided without them (``rule_missing_input``), and so are later
+        batches' predictions of those entities until a row of theirs is seen. Nothing changes state before this
+        returns; Redis failing meanwhile is backpressure, as for the first read."""
         if not isinstance(online, OnlineRows) or not self.settings.online_wait_ms:
-            return
+            return online
         rowless, since = online.unknown(), self._rowless
         if since:
             missing = set(rowless)
-            for entity in [e for e in since if e in online and e not in missing]:
+            for entity in [e for e in online.entities if e in since and e not in missing]:
                 del since[entity]  # its row came
         if not rowless:
-            return
+            return online
         now, wait = self.clock(), self.settings.online_wait_ms / 1000
-        if waiting := [e for e in rowless if now - since.setdefault(e, now) < wait]:
-            raise BackpressureError(f"{self.name}: no online features yet for {len(waiting)} entities "
-                                    f"({', '.join(waiting[:3])}); waiting up to {wait:g}s for the feature stage")
-        for entity in rowless:  # waited out: decided without them
+        for entity in rowless:
+            since.setdefault(entity, now)
+        waited = False
+        while waiting := [e for e in rowless if now - since[e] < wait]:
+            self.sleep(min(ROW_POLL_S, min(since[e] for e in waiting) + wait - now))
+            again = self._read_online(waiting)
+            landed = set(waiting).difference(again.unknown()) if isinstance(again, OnlineRows) else set(waiting)
+            rowless = [e for e in rowless if e not in landed]
+            for entity in landed:
+                del since[entity]
+            now, waited = self.clock(), True
+        # the rest waited out: decided without them, and later batches do not wait for them again until a row lands
+        for entity in list(since)[: max(0, len(since) - _ROWLESS_MAX)]:
             del since[entity]
+        if not waited:
+            return online
+        ROW_WAITS.labels(self.name, "waited_out" if rowless else "landed").inc()
+        return self._read_online(online.entities)
 
     def _split(self, batch: list[Record], outputs: list[Output]) -> tuple[_Inputs, _Inputs]:
         """The batch's predictions and feature windows (an undecodable record is dead-lettered into ``outputs``)."""

@@ -18,11 +18,10 @@ import pytest
 from reference import load_schema
 from streams.avro import SMALL_BATCH, AvroCodec
 from streams.delivery import Record
-from streams.errors import BackpressureError
 from streams.features.layout import FeastLayout
 from streams.features.online import OnlineRows
 from streams.rules import RuleSpec, RulesSettings
-from streams.rules.processor import RuleProcessor
+from streams.rules.processor import ROW_POLL_S, RuleProcessor
 from streams.wire import parse
 
 SUBJECTS = ["pm.predictions.anomaly-value", "pm.features.device_window-value", "pm.actions.maintenance-value",
@@ -165,24 +164,35 @@ def _score(record: Record) -> float:
 
 def test_a_prediction_whose_entity_has_no_online_row_yet_waits_for_it_then_is_decided_without_it():
     """The feature stage writes a window's row after the broker acknowledged its batch, so a prediction can come
-    first: the batch is held back (backpressure, nothing decided, nothing changed) until the row is there, and is
-    decided with it; an entity that still has none after ``online_wait_ms`` is decided without (a dead letter)."""
-    clock = [100.0]
+    first: the batch waits, reading the missing rows again every ``ROW_POLL_S``, only until the row lands, and is
+    decided with it; an entity that still has none after ``online_wait_ms`` is decided without (a dead letter),
+    and the batches after do not wait for it again."""
+    clock, slept, decided = [100.0], [], [0]
+
+    def sleep(seconds: float) -> None:
+        assert len(rules._decided) == decided[0]  # nothing decided while the batch waits
+        slept.append(seconds)
+        clock[0] += seconds
+        if len(slept) == 3:  # the feature stage wrote it meanwhile
+            rules.table["dev-2"] = {"window_end": 5000, "missing_rate": 0.9}
+
     rules = Processor({"dev-1": {"window_end": 5000, "missing_rate": 0.9}}, online_wait_ms=2000)
-    rules.clock = lambda: clock[0]
+    rules.clock, rules.sleep = (lambda: clock[0]), sleep
     batch = [r for r in predictions(40, 3, 7) if r.key in (b"dev-1", b"dev-2")]
-    with pytest.raises(BackpressureError, match="dev-2"):
-        rules.process(batch)
-    assert not rules._decided  # put back whole: nothing was decided
-    clock[0] += 1.0
-    rules.table["dev-2"] = {"window_end": 5000, "missing_rate": 0.9}  # the feature stage wrote it meanwhile
     out = rules.process(batch)
+    assert slept == [ROW_POLL_S] * 3  # no longer than the row took
     missing = [o for o in out if o.headers.get("dlq.reason") == "rule_missing_input"]  # (a NaN confidence: unevaluable)
     assert not missing and rules._rowless == {}
     assert {o.key for o in out if o.topic == TOPICS["review"]} == {"dev-1", "dev-2"}  # poor_data read the rows
     late = [r for r in predictions(40, 5, 8) if r.key == b"dev-4"]
-    with pytest.raises(BackpressureError):
-        rules.process(late)
-    clock[0] += 2.5  # waited out: decided without a row
+    slept.clear()
+    decided[0] = len(rules._decided)
     reasons = {o.headers.get("dlq.reason") for o in rules.process(late) if o.topic == "pm.dlq.rules"}
-    assert reasons == {"rule_missing_input"} and rules._rowless == {}
+    assert reasons == {"rule_missing_input"} and sum(slept) == pytest.approx(2.0)  # waited out: decided without a row
+    slept.clear()
+    again = [r for r in predictions(40, 5, 9) if r.key == b"dev-4"]
+    reasons = {o.headers.get("dlq.reason") for o in rules.process(again) if o.topic == "pm.dlq.rules"}
+    assert reasons == {"rule_missing_input"} and not slept  # not waited for again
+    rules.table["dev-4"] = {"window_end": 5000, "missing_rate": 0.9}
+    rules.process([r for r in predictions(40, 5, 10) if r.key == b"dev-4"])
+    assert rules._rowless == {}  # its row landed: a later absence (say, its key expired) is waited for again
