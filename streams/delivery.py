@@ -149,6 +149,47 @@ class Record(NamedTuple):
 _NO_HEADERS: Mapping[str, str | bytes] = MappingProxyType({})
 
 
+class MessageHeaders(Mapping):
+    """A consumed message's headers, read from it on first use (:attr:`Processor.lazy_headers`).
+
+    librdkafka parses a message's headers on the first ``headers()`` call: ~4 µs for the four tracing headers
+    every Tangram record carries, as much as the rest of a feature stage's work on a reading. A processor that
+    looks at few records' headers (the newest reading of a closing window, a prediction that fires) pays
+    only for those.
+    """
+
+    __slots__ = ("_message", "_headers")
+
+    def __init__(self, message: Message):
+        self._message: Message | None = message
+        self._headers: dict[str, bytes] = {}
+
+    def _read(self) -> dict[str, bytes]:
+        if self._message is not None:
+            headers, self._message = self._message.headers(), None
+            if headers:
+                self._headers = dict(headers)
+        return self._headers
+
+    def __getitem__(self, name: str) -> bytes:
+        return self._read()[name]
+
+    def get(self, name: str, default=None):
+        return self._read().get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._read()
+
+    def __iter__(self):
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+    def __repr__(self) -> str:
+        return repr(self._read())
+
+
 class Output(NamedTuple):
     """One record to produce. ``key`` is the entity (UTF-8) so partitioning is by entity.
 
@@ -236,6 +277,9 @@ class Processor(ABC):
     #: (default on), so a topology may declare ``state.hot_reload`` for it. The built-in kinds are known to
     #: ``tangram plan``; a custom kind that follows live config says so here.
     reloads_live: bool = False
+    #: Reads the headers of few of its records (:class:`MessageHeaders`): each record's are read from the
+    #: message when first used rather than for every record as it is consumed.
+    lazy_headers: bool = False
 
     @classmethod
     @abstractmethod
@@ -478,15 +522,19 @@ class Runner:
                                 on_lost=self._on_revoke)
         self.log.info("%s consuming %s as group %s (%s, %s assignment)", self.processor.name, ",".join(cfg.inputs),
                       cfg.group_id, "exactly-once" if cfg.exactly_once else "at-least-once", cfg.strategy(self.processor))
-        pipelined = self.processor.pipelined
+        pipelined, lazy_headers = self.processor.pipelined, self.processor.lazy_headers
         batches = 0
         try:
             while not self._stop.is_set() and (max_batches is None or batches < max_batches):
                 busy = self._pending is not None or bool(self._submitted) or bool(self._transaction)
                 messages = self._fetch(busy)
-                records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
-                                  dict(h) if (h := m.headers()) else {}, m.timestamp()[1])
-                           for m in messages if m.error() is None or self._usable(m)]  # Record.from_message, inlined
+                if lazy_headers:
+                    records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), MessageHeaders(m),
+                                      m.timestamp()[1]) for m in messages if m.error() is None or self._usable(m)]
+                else:  # Record.from_message, inlined
+                    records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
+                                      dict(h) if (h := m.headers()) else {}, m.timestamp()[1])
+                               for m in messages if m.error() is None or self._usable(m)]
                 if self._rewound:  # sought back inside this consume (a revocation): what it brought is read again
                     rewound, self._rewound = self._rewound, {}
                     records = [r for r in records if (r.topic, r.partition) not in rewound]

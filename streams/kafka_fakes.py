@@ -86,12 +86,12 @@ class FakeConsumer:
 
     # -- what a test schedules ----------------------------------------------------------------
     def arrive(self, topic: str, partition: int, values: list[bytes], at: float = 0.0,
-               key: bytes | None = b"k") -> None:
+               key: bytes | None = b"k", headers: list[tuple[str, bytes]] | None = None) -> None:
         """``values`` become readable on ``topic[partition]`` at virtual time ``at`` (seconds)."""
         part = self._partitions[(topic, partition)]
         for value in values:
             offset = len(part.log)
-            part.log.append((at, FakeMessage(topic, partition, offset, key, value, None, int(at * 1000))))
+            part.log.append((at, FakeMessage(topic, partition, offset, key, value, headers, int(at * 1000))))
 
     def revoke_at(self, at: float, partitions: list[tuple[str, int]]) -> None:
         """The group takes ``partitions`` away at virtual time ``at`` (served inside a ``consume`` call)."""

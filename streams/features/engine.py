@@ -85,6 +85,7 @@ class WindowFeatures(Processor):
 
     name = "features"
     services = frozenset({"redis", "registry"})  # the online store, the codecs
+    lazy_headers = True  # the headers of a closing window's newest reading and of the one that closed it
 
     def __init__(self, *, input_codec: AvroCodec, output_codec: AvroCodec, source_topic: str, output_topic: str,
                  dlq_topic: str,

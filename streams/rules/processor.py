@@ -99,6 +99,7 @@ class RuleProcessor(Processor):
     name = "rules"
     services = frozenset({"redis", "registry"})
     pipelined = True  # a batch's online-store read overlaps the delivery of the batch before
+    lazy_headers = True  # the headers of the predictions that fire
 
     def __init__(self, *, input_codecs: dict[str, AvroCodec], output_codecs: dict[str, AvroCodec], dlq_topic: str,
                  redis_url: str, settings: RulesSettings, app: str, processor: str = "rules",

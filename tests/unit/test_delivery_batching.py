@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from streams.security.kafka import KafkaConnection
-from streams.delivery import Output, Processor, Record, Runner, RunnerConfig
-from streams.kafka_fakes import FakeConsumer, FakeProducer, VirtualClock
+from streams.delivery import MessageHeaders, Output, Processor, Record, Runner, RunnerConfig, dead_letter
+from streams.kafka_fakes import FakeConsumer, FakeMessage, FakeProducer, VirtualClock
 
 
 class Copy(Processor):
@@ -156,3 +156,52 @@ def test_a_refused_commit_is_made_again_when_the_loop_is_idle():
     runner.run()
     assert [offsets for _, offsets in copy.batches] == [[(0, 0), (0, 1)]]
     assert copy.committed_when_idle == {("in", 0): 2}  # made again at the idle tick, before any shutdown commit
+
+
+class CountedMessage(FakeMessage):
+    """A message that counts its ``headers()`` calls (librdkafka parses the headers on the first)."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.calls = 0
+
+    def headers(self):
+        self.calls += 1
+        return super().headers()
+
+
+def test_lazy_headers_are_read_from_the_message_once_and_only_when_used():
+    trace = [("event_id", b"dev-1:5000"), ("trace_id", b"abc")]
+    used, unused, bare = (CountedMessage("in", 0, i, b"k", b"v", h, 0) for i, h in enumerate([trace, trace, None]))
+    headers = MessageHeaders(used)
+    assert used.calls == 0
+    assert headers.get("trace_id") == b"abc" and headers["event_id"] == b"dev-1:5000" and "ingest_ms" not in headers
+    assert dict(headers) == dict(trace) and len(headers) == 2 and used.calls == 1
+    MessageHeaders(unused)
+    assert unused.calls == 0
+    assert dict(MessageHeaders(bare)) == {} and MessageHeaders(bare).get("trace_id", b"") == b""
+    letter = dead_letter(Record("in", 0, 0, b"k", b"v", headers, 0), "dlq", "stage", "bad", "bad")
+    assert letter.headers["trace_id"] == b"abc" and letter.headers["dlq.reason"] == "bad"
+
+
+def test_a_processor_that_reads_few_headers_gets_them_lazily_with_the_same_values():
+    class Lazy(Copy):
+        lazy_headers = True
+
+        def process(self, batch: list[Record]) -> list[Output]:
+            self.seen = [(type(r.headers), dict(r.headers)) for r in batch]
+            return super().process(batch)
+
+    clock = VirtualClock()
+    consumer, producer = FakeConsumer([("in", 0)], clock), FakeProducer()
+    lazy = Lazy(clock, producer, consumer)
+    runner = Runner(lazy, RunnerConfig(kafka=KafkaConnection("fake:9092"), group_id="g", inputs=("in",), batch_size=10,
+                                       max_wait_ms=100, linger_ms=5), consumer=consumer, producer=producer)
+    consumer.on_commit = runner._on_commit
+    consumer.arrive("in", 0, [b"a"], at=0.010, headers=[("trace_id", b"t1")])
+    consumer.arrive("in", 0, [b"b"], at=0.011)
+    runner.run(max_batches=1)
+    assert lazy.seen == [(MessageHeaders, {"trace_id": b"t1"}), (MessageHeaders, {})]
+    assert consumer.committed == {("in", 0): 2}
