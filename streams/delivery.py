@@ -152,8 +152,9 @@ _NO_HEADERS: Mapping[str, str | bytes] = MappingProxyType({})
 class MessageHeaders(Mapping):
     """A consumed message's headers, read from it on first use (:attr:`Processor.lazy_headers`).
 
-    librdkafka parses a message's headers on the first ``headers()`` call: ~4 µs for the four tracing headers
-    every Tangram record carries, as much as the rest of a feature stage's work on a reading. A processor that
+    librdkafka parses a message's headers on the first ``headers()`` call: 5.5 µs for the four tracing headers
+    every Tangram record carries on the machine of docs/performance.md's 2026-12-04 section, a third of the
+    feature stage's CPU a reading there. A processor that
     looks at few records' headers (the newest reading of a closing window, a prediction that fires) pays
     only for those.
     """
@@ -188,6 +189,12 @@ class MessageHeaders(Mapping):
 
     def __repr__(self) -> str:
         return repr(self._read())
+
+
+def _headers_now(message: Message) -> dict[str, bytes]:
+    """A consumed message's headers, read as it is consumed (a processor that reads most records' headers)."""
+    headers = message.headers()
+    return dict(headers) if headers else {}
 
 
 class Output(NamedTuple):
@@ -522,19 +529,15 @@ class Runner:
                                 on_lost=self._on_revoke)
         self.log.info("%s consuming %s as group %s (%s, %s assignment)", self.processor.name, ",".join(cfg.inputs),
                       cfg.group_id, "exactly-once" if cfg.exactly_once else "at-least-once", cfg.strategy(self.processor))
-        pipelined, lazy_headers = self.processor.pipelined, self.processor.lazy_headers
+        pipelined = self.processor.pipelined
+        headers_of = MessageHeaders if self.processor.lazy_headers else _headers_now
         batches = 0
         try:
             while not self._stop.is_set() and (max_batches is None or batches < max_batches):
                 busy = self._pending is not None or bool(self._submitted) or bool(self._transaction)
                 messages = self._fetch(busy)
-                if lazy_headers:
-                    records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), MessageHeaders(m),
-                                      m.timestamp()[1]) for m in messages if m.error() is None or self._usable(m)]
-                else:  # Record.from_message, inlined
-                    records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
-                                      dict(h) if (h := m.headers()) else {}, m.timestamp()[1])
-                               for m in messages if m.error() is None or self._usable(m)]
+                records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), headers_of(m),
+                                  m.timestamp()[1]) for m in messages if m.error() is None or self._usable(m)]
                 if self._rewound:  # sought back inside this consume (a revocation): what it brought is read again
                     rewound, self._rewound = self._rewound, {}
                     records = [r for r in records if (r.topic, r.partition) not in rewound]

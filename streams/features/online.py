@@ -219,6 +219,14 @@ class OnlineRows(Mapping[str, dict]):
         has_row = self.layout.has_row
         return [e for e, values in zip(self.entities, self._replies) if not has_row(values)]
 
+    def updated(self, newer: "OnlineRows") -> "OnlineRows":
+        """These rows, with ``newer``'s (a later read of some of these entities) for each entity it found a row of."""
+        replies, has_row = list(self._replies), self.layout.has_row
+        for entity, values in zip(newer.entities, newer._replies):
+            if has_row(values):
+                replies[self._index[entity]] = values
+        return OnlineRows(self.layout, self.entities, replies)
+
     def doubles(self, name: str, entities: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Double field ``name`` of each of ``entities`` (all read here) and where it is a plain double."""
         values, valid = self.layout.decode_doubles(self._replies, name)

@@ -321,18 +321,18 @@ class RuleProcessor(Processor):
         while waiting := [e for e in rowless if now - since[e] < wait]:
             self.sleep(min(ROW_POLL_S, min(since[e] for e in waiting) + wait - now))
             again = self._read_online(waiting)
-            landed = set(waiting).difference(again.unknown()) if isinstance(again, OnlineRows) else set(waiting)
+            online = online.updated(again)
+            landed = set(waiting).difference(again.unknown())
             rowless = [e for e in rowless if e not in landed]
             for entity in landed:
                 del since[entity]
             now, waited = self.clock(), True
         # the rest waited out: decided without them, and later batches do not wait for them again until a row lands
-        for entity in list(since)[: max(0, len(since) - _ROWLESS_MAX)]:
-            del since[entity]
-        if not waited:
-            return online
-        ROW_WAITS.labels(self.name, "waited_out" if rowless else "landed").inc()
-        return self._read_online(online.entities)
+        while len(since) > _ROWLESS_MAX:
+            del since[next(iter(since))]  # the longest remembered
+        if waited:
+            ROW_WAITS.labels(self.name, "waited_out" if rowless else "landed").inc()
+        return online
 
     def _split(self, batch: list[Record], outputs: list[Output]) -> tuple[_Inputs, _Inputs]:
         """The batch's predictions and feature windows (an undecodable record is dead-lettered into ``outputs``)."""
