@@ -366,9 +366,11 @@ class _Reader:
     def fixed_run(self, layout: list[tuple[str, int]]) -> list[np.ndarray]:
         """Several fixed-width fields in a row, read at once: one column per (dtype, width)."""
         width = sum(w for _, w in layout)
-        cells = self.data[self._span(width)]
+        cells = np.ascontiguousarray(self.data[self._span(width)])
         self.pos = self.pos + width
         self._check()
+        if len({dtype for dtype, _ in layout}) == 1:  # one type (a run of doubles): one view, a column per field
+            return list(cells.view(layout[0][0]).astype(np.float64, copy=False).T)
         columns, offset = [], 0
         for dtype, w in layout:
             columns.append(np.ascontiguousarray(cells[:, offset:offset + w]).view(dtype).reshape(-1).astype(np.float64))
@@ -385,6 +387,14 @@ class _Reader:
         layout = [(_FIXED[f.kind][0], 1 + _FIXED[f.kind][1]) for f in run]
         width = sum(w for _, w in layout)
         cells = self.data[self._span(width)]
+        if len({dtype for dtype, _ in layout}) == 1:  # one type: the branch bytes checked and the values read at once
+            per = cells.reshape(len(cells), len(run), layout[0][1])
+            if not (per[:, :, 0] == np.array([2 * (1 - f.null_branch) for f in run], dtype=np.uint8)).all():
+                return None
+            values = np.ascontiguousarray(per[:, :, 1:]).view(layout[0][0]).reshape(len(cells), len(run))
+            self.pos = self.pos + width
+            self._check()
+            return list(values.astype(np.float64, copy=False).T)
         offset, columns = 0, []
         for f, (dtype, w) in zip(run, layout):
             if not (cells[:, offset] == 2 * (1 - f.null_branch)).all():  # the zigzag varint of the value branch

@@ -243,3 +243,34 @@ def test_a_skipped_string_at_the_batch_end_or_empty_before_high_bytes_is_judged_
     assert codec.decode(good, only=("id",))["id"].tolist() == list(range(9))
     bad_last = good[:-1] + [fastavro_bytes(schema, {**rows[-1], "note": "zz"}).replace(b"zz", b"\xc3\x28")]
     assert codec.decode(bad_last, only=("id",)) is None
+
+
+RUNS = {
+    "type": "record", "name": "Runs", "namespace": "t",
+    "fields": [
+        {"name": "d1", "type": "double"}, {"name": "d2", "type": "double"}, {"name": "d3", "type": "double"},
+        {"name": "f1", "type": "float"}, {"name": "f2", "type": "float"},
+        {"name": "n1", "type": ["null", "double"]}, {"name": "n2", "type": ["double", "null"]},
+        {"name": "n3", "type": ["null", "double"]},
+        {"name": "g1", "type": ["null", "float"]}, {"name": "g2", "type": ["float", "null"]},
+    ],
+}
+
+
+@pytest.mark.parametrize("null_at", [None, "n2", "g1"])
+def test_runs_of_one_type_read_at_once_give_fastavros_values(null_at):
+    """A run of neighbouring doubles (or floats, or nullable ones of either union order) is read as one
+    matrix; each column is still its own field's values, nulls still read field by field."""
+    rng = np.random.default_rng(5)
+    records = []
+    for i in range(70):
+        record = {f["name"]: float(np.float32(rng.normal())) for f in RUNS["fields"]}
+        if null_at is not None and i == 33:
+            record[null_at] = None
+        records.append(record)
+    decoded = BatchCodec(RUNS, HEADER).decode([fastavro_bytes(RUNS, r) for r in records])
+    assert decoded is not None
+    for f in RUNS["fields"]:
+        got = decoded[f["name"]]
+        got = got.tolist() if isinstance(got, np.ndarray) else got
+        assert got == [r[f["name"]] for r in records], f["name"]
