@@ -911,7 +911,7 @@ class Runner:
                 self._observe_latency(sent.records)
         self._observe(offsets)
 
-    def _observe_latency(self, records: list[Record], sample: int = 64) -> None:
+    def _observe_latency(self, records: list[Record], sample: int = 4) -> None:
         """Ingest-to-commit latency of up to ``sample`` records of the batch, evenly spaced."""
         now_ms = time.time() * 1000
         histogram = INGEST_TO_COMMIT.labels(self.processor.name)

@@ -204,6 +204,9 @@ class WindowFeatures(Processor):
             LATE.labels(self.name).inc()
             outputs.append(dead_letter(records[i], self.dlq_topic, self.name,
                                        f"reading at {int(ts[i])} is late: its windows are already closed", "late"))
+        dead = result.late if verdicts is None else result.late | verdicts.unknown
+        if dead.any():  # recorded at the next flush: a restart does not dead-letter them again
+            self.progress.dead_lettered(np.unique(partitions[dead]).tolist())
         if self.shadow is not None:
             if verdicts is not None and not verdicts.keep.all():  # the shadow version sees the stream the live one does
                 kept = np.flatnonzero(verdicts.keep)
@@ -306,7 +309,8 @@ class WindowFeatures(Processor):
 
     def flush(self) -> None:
         """Write the emitted windows to the online store, and how far the engine got, in one round trip (after
-        the broker acknowledged the batch's outputs; the progress with the last command)."""
+        the broker acknowledged the batch's outputs; the progress with the last command). A batch that closed
+        no window and dead-lettered nothing has nothing to write: no round trip (``streams.features.progress``)."""
         self.store.flush((self.progress.key, self.progress.fields(self.windows)))
 
     def committable(self, partition: TopicPartition) -> int | None:

@@ -14,6 +14,11 @@ the broker has acknowledged the batch's outputs: so it never claims more than wa
   newest window closed there (``BatchWindows.closed_through``: every window ending there or before is
   closed; it moves once per hop of event time).
 
+A partition is recorded at the flush of a batch that moved its closed windows, dead-lettered one of its
+readings, or closed it quiet; a batch that did none of these (most batches between two window ends) costs
+no Redis round trip. What was processed after a partition's record then belongs to windows still open
+(no window closed since), and is read again as new after a restart: it rebuilds them, as a re-read would.
+
 On start, a partition resumes from its record (its stream time as far as its closed windows say), and
 a reading below its mark is a **re-read**: one of a window still open rebuilds it (it was accepted the
 first time: its window was open then, as it still is); one of a window already closed was counted in a
@@ -29,6 +34,7 @@ or the idle timeouts, behind) up to the mark. ``tangram_features_rebuild_records
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import numpy as np
 from prometheus_client import Counter
@@ -64,7 +70,9 @@ class Progress:
         self.key = progress_key(store.layout)
         self._marks: dict[int, int] = {}  # partition → offset below which readings were processed before
         self._positions: dict[int, int] = {}  # partition → next offset to record
-        self._changed: set[int] = set()  # partitions to record at the next flush
+        self._changed: set[int] = set()  # partitions that moved since their record
+        self._due: set[int] = set()  # partitions recorded at the next flush whatever their windows did
+        self._recorded: dict[int, int] = {}  # partition → the closed_through of its record
         #: Readings read again below the marks since start, per partition (the rebuild's size).
         self.rebuilt: dict[int, int] = {}
 
@@ -77,6 +85,7 @@ class Progress:
         for p, raw in zip(partitions, self.store.read_hash(self.key, [self._field(p) for p in partitions])):
             mark, closed[p] = (int(x) for x in raw.split()) if raw else (-1, -1)
             self._marks[p] = mark
+            self._recorded[p] = closed[p]
             if mark > 0:
                 self._positions[p] = mark
                 log.info("%s: %s[%d] was processed up to offset %d before this start: readings below it "
@@ -111,12 +120,24 @@ class Progress:
     def closed(self, partition: int) -> None:
         """Windows of ``partition`` closed without a new reading (it went quiet): record it at the next flush."""
         self._changed.add(partition)
+        self._due.add(partition)
+
+    def dead_lettered(self, partitions: Iterable[int]) -> None:
+        """Readings of ``partitions`` went to the DLQ: record them at the next flush, so that a restart leaves
+        those readings out as re-reads instead of dead-lettering them a second time."""
+        self._due.update(partitions)
 
     def fields(self, windows: BatchWindows) -> dict[bytes, bytes]:
-        """What the next flush records: for each partition that moved, its position and closed windows."""
-        out = {self._field(p): b"%d %d" % (self._positions.get(p, 0), windows.closed_through(p))
-               for p in self._changed if p in windows.partitions}
-        self._changed.clear()
+        """What the next flush records: position and closed windows of each partition that moved and is due
+        (closed windows moved, readings dead-lettered, gone quiet); the others wait for a later flush."""
+        out = {}
+        for p in [p for p in self._changed if p in self._due or p not in windows.partitions
+                  or windows.closed_through(p) != self._recorded.get(p)]:
+            self._changed.discard(p)
+            if p in windows.partitions:
+                self._recorded[p] = closed = windows.closed_through(p)
+                out[self._field(p)] = b"%d %d" % (self._positions.get(p, 0), closed)
+        self._due.clear()
         return out
 
     def forget(self, partitions: set[int]) -> None:
@@ -125,3 +146,5 @@ class Progress:
             self._marks.pop(p, None)
             self._positions.pop(p, None)
             self._changed.discard(p)
+            self._due.discard(p)
+            self._recorded.pop(p, None)
