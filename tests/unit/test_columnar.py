@@ -182,7 +182,7 @@ def test_decode_leaves_maps_with_other_keys_to_the_record_codec(other):
 def test_small_batches_go_record_by_record_with_the_same_bytes():
     schema = load_schema("pm.predictions.anomaly-value")
     writer = lambda record: fastavro_bytes(schema, record)  # noqa: E731 - the per-record codec
-    small = BatchCodec(schema, HEADER, small_batch=32, record_writer=writer)
+    small = BatchCodec(schema, HEADER, small_batch=32, small_encode=100, record_writer=writer)
     big = BatchCodec(schema, HEADER)
     n = 5
     p = np.random.default_rng(9).random((n, 3)).astype(np.float32)
@@ -200,6 +200,33 @@ def test_small_batches_go_record_by_record_with_the_same_bytes():
     assert reader.decode(values) is not None
     with pytest.raises(ValueError):
         BatchCodec(SCHEMA, HEADER, small_batch=8)
+    with pytest.raises(ValueError):
+        BatchCodec(SCHEMA, HEADER, small_encode=8)
+
+
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_small_batches_written_row_by_row_are_fastavros_bytes(as_numpy):
+    """Below ``small_encode`` rows a batch is written by the Python row path: every kind, nulls in either union
+    branch, longs at the edges of 64 bits, strings past one length byte, enums, numpy columns alike."""
+    records = rows(40, seed=5)
+    codec = BatchCodec(SCHEMA, HEADER, small_encode=100, record_writer=lambda r: fastavro_bytes(SCHEMA, r))
+    cols = columns(records)
+    if as_numpy:
+        cols.update(ts=np.array(cols["ts"], dtype=np.int64), n=np.array(cols["n"], dtype=np.int32),
+                    x=np.array(cols["x"]), f=np.array(cols["f"], dtype=np.float32), ok=np.array(cols["ok"]))
+    for n in (1, 2, 7, 40):
+        part = {name: column[:n] for name, column in cols.items()}
+        assert codec.encode(part, n) == [fastavro_bytes(SCHEMA, r) for r in records[:n]]
+
+
+@pytest.mark.parametrize("field, bad", [("ts", 1.5), ("ts", 2**63), ("n", 2**31), ("n", "7"), ("x", "1.0"),
+                                        ("id", 7), ("level", "NONE")])
+def test_the_row_path_refuses_a_value_of_the_wrong_type_or_range(field, bad):
+    records = rows(2)
+    records[1] = records[1] | {field: bad}
+    codec = BatchCodec(SCHEMA, HEADER, small_encode=100, record_writer=lambda r: fastavro_bytes(SCHEMA, r))
+    with pytest.raises((TypeError, ValueError, KeyError, struct.error)):
+        codec.encode(columns(records), 2)
 
 
 def test_decode_of_chosen_fields_with_nulls_as_nan():
