@@ -34,7 +34,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline import CHAIN, HZ, Counts, History, fleet, produce, reading_bytes, reference_copy, topics_of  # noqa: E402
+from pipeline import CHAIN, HZ, Counts, History, cpu_seconds, fleet, produce, reading_bytes, reference_copy, topics_of  # noqa: E402
 from reference_app import Device  # noqa: E402
 from report import Figure, emit, load  # noqa: E402
 from streams.avro import codec  # noqa: E402
@@ -73,6 +73,7 @@ class Closers:
         self.starts: dict[str, set[int]] = collections.defaultdict(set)  # windows each device opened
         self.open: list[collections.deque[int]] = [collections.deque() for _ in range(partitions)]  # starts, in order
         self.closing: list[dict[int, float]] = [{} for _ in range(partitions)]  # start → send time of its closer
+        self.closer: list[dict[int, tuple[str, int]]] = [{} for _ in range(partitions)]  # start → (device, ts)
 
     def sent(self, device: str, ts: int, at: float) -> None:
         p = self.partition.get(device)
@@ -80,12 +81,20 @@ class Closers:
             p = self.partition[device] = partition_of(device, self.partitions)
         pending = self.open[p]
         while pending and pending[0] + self.size + self.lateness <= ts:
-            self.closing[p][pending.popleft()] = at
+            start = pending.popleft()
+            self.closing[p][start], self.closer[p][start] = at, (device, ts)
         base = ts - ts % self.hop
         for start in range(base - self.size + self.hop, base + 1, self.hop):
             if start not in self.closing[p] and (not pending or start > pending[-1]):
                 pending.append(start)
             self.starts[device].add(start)
+
+    @property
+    def closers(self) -> dict[tuple[str, int], tuple[str, int]]:
+        """(device, window start) → (device, event time) of the reading that closed it."""
+        return {(device, start): self.closer[self.partition[device]][start]
+                for device, starts in self.starts.items() for start in starts
+                if start in self.closer[self.partition[device]]}
 
     @property
     def closed(self) -> dict[tuple[str, int], float]:
@@ -143,6 +152,44 @@ def broker_times(stack: StackSettings, topic: str, subject: str, key: str) -> di
     return out
 
 
+def ingested_times(stack: StackSettings, topic: str) -> dict[tuple[str, int], float]:
+    """(device, event time) → the broker's append time of the validated reading on the ingest topic."""
+    subject = "pm.ingest.telemetry-value"
+    decoder = codec(stack.registry_url, subject, load_schema(subject))
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"lat-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
+    out: dict[tuple[str, int], float] = {}
+    idle = time.monotonic()
+    try:
+        while time.monotonic() - idle < 2.0:
+            for m in consumer.consume(5000, 0.2):
+                if m.error() is None:
+                    row = decoder.decode(m.value())
+                    out[(row["device_id"], row["ts"])] = m.timestamp()[1] / 1000
+                    idle = time.monotonic()
+    finally:
+        consumer.close()
+    return out
+
+
+def hops(closed: dict[tuple[str, int], float], closers: dict[tuple[str, int], tuple[str, int]],
+         ingested: dict[tuple[str, int], float], stamped: list[dict[tuple[str, int], float]],
+         since: float) -> dict[str, np.ndarray]:
+    """Each hop's own share, per window: closing reading sent → ingested → window → prediction → action."""
+    names = ("ingest (send → ingested)", "features (ingested → window)", "inference (window → prediction)",
+             "rules (prediction → action)")
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for key, at in closed.items():
+        if at < since:
+            continue
+        times = [at, ingested.get(closers.get(key)), *(s.get(key) for s in stamped)]
+        for name, before, after in zip(names, times, times[1:]):
+            if before is not None and after is not None:
+                out[name].append((after - before) * 1000)
+    return {name: np.array(ms) for name, ms in out.items()}
+
+
 def append_time(stack: StackSettings, topics: list[str]) -> None:
     """Have the broker stamp records of ``topics`` when it appends them (not the producer's clock)."""
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
@@ -167,13 +214,15 @@ def run_share(stack: StackSettings, rate: float, seconds: float, tag: str) -> di
     apply(topology, stack)
     topics = topics_of(topology)
     actions = [t for role, t in topics.items() if role.startswith("action:")]
-    append_time(stack, [topics["windows"], topics["predictions"], *actions])
+    append_time(stack, [topics["ingested"], topics["windows"], topics["predictions"], *actions])
     closers = Closers(topology.partitions(topics["ingested"]))  # the feature stage's partitions
     counts = Counts(stack)
     with Processors(path, stack, names=list(CHAIN)) as procs:
         procs.start()
         procs.wait_joined(timeout_s=180)
         started = time.time()
+        pids = {name: proc.pid for (name, _), proc in procs.procs.items()}
+        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         sent = send_open_loop(stack, raw, devices, rate, seconds, closers)
         last, since = -1, time.monotonic()
         while time.monotonic() - since < 3.0:  # the tail: until the predictions stop growing
@@ -181,6 +230,7 @@ def run_share(stack: StackSettings, rate: float, seconds: float, tag: str) -> di
             if now != last:
                 last, since = now, time.monotonic()
             time.sleep(0.2)
+        cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
     counts.close()
     windowed = broker_times(stack, topics["windows"], "pm.features.device_window-value", "window_start")
     predicted = broker_times(stack, topics["predictions"], "pm.predictions.anomaly-value", "window_start")
@@ -190,7 +240,9 @@ def run_share(stack: StackSettings, rate: float, seconds: float, tag: str) -> di
         for k, t in broker_times(stack, topic, subject, "window_end").items():
             acted[k] = min(t, acted.get(k, t))
     since, closed = started + WARM_UP_S, closers.closed
+    hop_ms = hops(closed, closers.closers, ingested_times(stack, topics["ingested"]), [windowed, predicted, acted], since)
     return {"rate": rate, "devices": len(devices), "sent": sent, "windows": sum(1 for at in closed.values() if at >= since),
+            "hops": hop_ms, "cpu": cpu,
             "window_ms": latencies(closed, windowed, since),
             "prediction_ms": latencies(closed, predicted, since),
             "action_ms": latencies(closed, acted, since)}
@@ -230,6 +282,12 @@ def main() -> None:
                       f"  max {ms.max():7.1f} ms")
             else:
                 print(f"  {name:<22} none")
+        print("  each hop's own share, from the append time of the record before it (the closing reading's send first):")
+        for name, ms in result["hops"].items():
+            if len(ms):
+                print(f"    {name:<32} p50 {np.percentile(ms, 50):7.1f} ms  p99 {np.percentile(ms, 99):7.1f} ms")
+        print("  CPU seconds of each processor over the share (sending and the tail): "
+              + ", ".join(f"{name} {s:.2f}" for name, s in result["cpu"].items()))
         goal = goals.get(round(share, 2))
         if len(act):
             emit(Figure(f"reading → action p99 at {share:.0%} of the maximum rate ({result['rate']:,.0f} readings/s, "
