@@ -132,33 +132,13 @@ def send_open_loop(stack: StackSettings, topic: str, devices: list[Device], rate
 
 
 def broker_times(stack: StackSettings, topic: str, subject: str, key: str) -> dict[tuple[str, int], float]:
-    """(device, window start) → the broker's append time of the first record of ``topic`` for that window."""
+    """The broker's append time of the first record of ``topic`` for each (device, ``key``): ``window_start``,
+    ``window_end`` (given as its window's start) or ``ts`` (a reading's event time, on the ingest topic)."""
     decoder = codec(stack.registry_url, subject, load_schema(subject))
     consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"lat-{uuid.uuid4().hex}",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
-    out: dict[tuple[str, int], float] = {}
-    idle = time.monotonic()
-    try:
-        while time.monotonic() - idle < 2.0:
-            for m in consumer.consume(1000, 0.2):
-                if m.error() is None:
-                    row = decoder.decode(m.value())
-                    start = row["window_start"] if key == "window_start" else row["window_end"] - FEATURE_SET.window.size_ms
-                    out.setdefault((row["device_id"], start), m.timestamp()[1] / 1000)
-                    idle = time.monotonic()
-    finally:
-        consumer.close()
-    return out
-
-
-def ingested_times(stack: StackSettings, topic: str) -> dict[tuple[str, int], float]:
-    """(device, event time) → the broker's append time of the validated reading on the ingest topic."""
-    subject = "pm.ingest.telemetry-value"
-    decoder = codec(stack.registry_url, subject, load_schema(subject))
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": f"lat-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
+    shift = FEATURE_SET.window.size_ms if key == "window_end" else 0
     out: dict[tuple[str, int], float] = {}
     idle = time.monotonic()
     try:
@@ -166,7 +146,7 @@ def ingested_times(stack: StackSettings, topic: str) -> dict[tuple[str, int], fl
             for m in consumer.consume(5000, 0.2):
                 if m.error() is None:
                     row = decoder.decode(m.value())
-                    out[(row["device_id"], row["ts"])] = m.timestamp()[1] / 1000
+                    out.setdefault((row["device_id"], row[key] - shift), m.timestamp()[1] / 1000)
                     idle = time.monotonic()
     finally:
         consumer.close()
@@ -240,7 +220,7 @@ def run_share(stack: StackSettings, rate: float, seconds: float, tag: str) -> di
         for k, t in broker_times(stack, topic, subject, "window_end").items():
             acted[k] = min(t, acted.get(k, t))
     since, closed = started + WARM_UP_S, closers.closed
-    hop_ms = hops(closed, closers.closers, ingested_times(stack, topics["ingested"]), [windowed, predicted, acted], since)
+    hop_ms = hops(closed, closers.closers, broker_times(stack, topics["ingested"], "pm.ingest.telemetry-value", "ts"), [windowed, predicted, acted], since)
     return {"rate": rate, "devices": len(devices), "sent": sent, "windows": sum(1 for at in closed.values() if at >= since),
             "hops": hop_ms, "cpu": cpu,
             "window_ms": latencies(closed, windowed, since),

@@ -85,14 +85,18 @@ def _long(value: Any) -> bytes:
     n = operator.index(value)  # a float or a str is refused, as fastavro refuses it
     if not -(2**63) <= n < 2**63:
         raise ValueError(f"{n} is outside the Avro long range")
-    z = (n << 1) ^ (n >> 63)
-    if z < 128:
-        return _ONE_BYTE[z]
+    return varint((n << 1) ^ (n >> 63))
+
+
+def varint(value: int) -> bytes:
+    """The base-128 varint of a non-negative integer (Avro's after zigzag, protobuf's as it is)."""
+    if value < 128:
+        return _ONE_BYTE[value]
     out = bytearray()
-    while z >= 128:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
     return bytes(out)
 
 

@@ -43,6 +43,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from streams.columnar import varint
 from streams.features.spec import FeatureSet
 
 #: The row's column that is its event time for Feast (``_ts:<view>`` in Redis): the window's end, epoch ms.
@@ -213,13 +214,7 @@ def decode_value(data: bytes | None) -> float | int | str | bool | None:
 
 def _varint(value: int) -> bytes:
     """Protobuf's base-128 varint of a 64-bit integer (a negative one as its two's complement, 10 bytes)."""
-    value &= 0xFFFF_FFFF_FFFF_FFFF
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return varint(value & 0xFFFF_FFFF_FFFF_FFFF)
 
 
 _INT64_TAG = bytes([(4 << 3) | 0])  # int64_val, varint
