@@ -103,15 +103,14 @@ class OnlineWriter:
         rows = list(self._pending.values())
         head = [layout.key_ttl_s or 0, len(layout.read_fields)]
         commands: list[tuple[list, list]] = []
-        encoded = layout.encode_rows(rows) if rows else []
+        packed = layout.pack_rows(rows) if rows else []
         n = self.write_chunk
         for at in range(0, len(rows), n) or (0,):  # no rows: one command for the progress alone
             chunk = rows[at:at + n]
             keys = [layout.key(row[layout.join_key]) for row in chunk]
             args: list = [*head, len(chunk), *layout.read_fields]
-            for row, values in zip(chunk, encoded[at:at + n]):
-                args.append(layout.event_time_ms(row))
-                args.extend(values)
+            for row, cells in zip(chunk, packed[at:at + n]):
+                args += (layout.event_time_ms(row), cells)
             commands.append((keys, args))
         if progress and progress[1]:
             keys, args = commands[-1]
