@@ -30,7 +30,7 @@ from streams.settings import StackSettings  # noqa: E402
 STEPS: list[tuple[str, list[str], list[str]]] = [
     ("bench_drift.py", [], ["--stationary-seeds", "1"]),
     ("bench_ingest.py", ["--records", "600000"], ["--records", "50000", "--seconds", "1"]),
-    ("bench_inference.py", ["--sizes", "1,16,64,256,1024", "--rows", "40000", "--exactly-once", "256"],
+    ("bench_inference.py", ["--sizes", "1,16,64,256,1024", "--rows", "500000", "--exactly-once", "256"],
      ["--sizes", "64,256", "--rows", "5000", "--exactly-once", "256"]),
     ("bench_features.py", ["--devices", "200", "--seconds", "250", "--faust", "--flink"],
      ["--devices", "20", "--seconds", "60", "--faust"]),
