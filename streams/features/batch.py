@@ -9,15 +9,16 @@ run (``tests/unit/test_features.py`` feeds both the same readings): per partitio
 ``[start, start + size)`` of any entity closes when the partition's stream time (its newest event
 time) reaches ``end + allowed_lateness``; a reading whose windows are all closed is late.
 
-A closed window's features come from :func:`streams.features.compute.compute_windows`, for every
-window a batch closed in one call.
+The readings of the open windows are kept in columns (:class:`_Rows`: a row per reading and window,
+with the window's slot), so the windows a stream-time step closes at once — every entity's, when
+windows are aligned to the epoch — are gathered in one pass of array operations, and their features
+come from :func:`streams.features.compute.compute_windows` in one call.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,37 +27,50 @@ from streams.features.compute import compute_windows
 from streams.features.spec import FeatureSet
 
 
-class _Chunk(NamedTuple):
-    """The accepted readings of one batch, grouped by (entity, window): a window holds spans of chunks."""
+class _Rows:
+    """The accepted readings of every open window, one row per (reading, window), in columns: the window's
+    slot, the event time, the input values. Appended a batch at a time; a window's rows are in arrival
+    order. The rows of closed windows go in one array pass (``compact``), never a Python step per reading."""
 
-    ts: np.ndarray
-    values: np.ndarray
-    source: np.ndarray  # index of each reading in the batch as it arrived
-    handles: list
+    __slots__ = ("slot", "ts", "values", "n")
 
+    def __init__(self, inputs: int, capacity: int = 4096):
+        self.slot = np.empty(capacity, dtype=np.int64)
+        self.ts = np.empty(capacity, dtype=np.int64)
+        self.values = np.empty((capacity, inputs), dtype=np.float64)
+        self.n = 0
 
-@dataclass
-class _Window:
-    """The readings of one open window: spans ``(chunk, begin, end)`` of the batches that brought them."""
+    def append(self, slot: np.ndarray, ts: np.ndarray, values: np.ndarray) -> None:
+        n, k = self.n, len(slot)
+        if n + k > len(self.slot):
+            capacity = max(2 * len(self.slot), n + k)
+            for name in ("slot", "ts", "values"):
+                old = getattr(self, name)
+                new = np.empty((capacity, *old.shape[1:]), dtype=old.dtype)
+                new[:n] = old[:n]
+                setattr(self, name, new)
+        self.slot[n:n + k], self.ts[n:n + k], self.values[n:n + k] = slot, ts, values
+        self.n = n + k
 
-    start: int
-    first: tuple[int, int]  # (partition, offset) of its first reading: the commit may not pass it
-    spans: list[tuple[_Chunk, int, int]] = field(default_factory=list)
-
-    @property
-    def last(self) -> Any:
-        """The handle of its newest reading (the engine's Record: headers of the output)."""
-        chunk, _, end = self.spans[-1]
-        return chunk.handles[int(chunk.source[end - 1])]
+    def compact(self, gone: np.ndarray) -> None:
+        """Drop the rows of the slots ``gone`` marks (a boolean per slot id)."""
+        n = self.n
+        keep = ~gone[self.slot[:n]]
+        m = int(keep.sum())
+        if m < n:
+            self.slot[:m], self.ts[:m], self.values[:m] = self.slot[:n][keep], self.ts[:n][keep], self.values[:n][keep]
+            self.n = m
 
 
 class Closed(NamedTuple):
-    """A window that closed: its entity and start, its readings, and the reading whose event time closed it
-    (``None`` when its partition went quiet: ``BatchWindows.close_partition``)."""
+    """A window that closed: its entity and start, where its readings are (``BatchWindows.features``), the handle
+    of its newest reading (the engine's Record: headers of the output), and the reading whose event time closed
+    it (``None`` when its partition went quiet: ``BatchWindows.close_partition``)."""
 
     entity: str
     start: int
-    window: _Window
+    slot: int
+    last: Any
     closer: Any
 
 
@@ -93,7 +107,12 @@ class BatchWindows:
         self._index: dict[str, int] = {}
         self._names: list[str] = []
         self.partitions: dict[int, _Partition] = {}
-        self.open: dict[tuple[int, int], _Window] = {}  # (entity, start) → window
+        self.open: dict[tuple[int, int], int] = {}  # (entity, start) → the window's slot
+        self.rows = _Rows(len(fs.inputs))  # the open windows' readings, each row with its window's slot
+        self._first: list[tuple[int, int] | None] = []  # slot → (partition, offset) of the window's first reading
+        self._last: list[Any] = []  # slot → the handle of the window's newest reading
+        self._free: list[int] = []  # slots of windows closed before the last compaction
+        self._closing: list[int] = []  # slots closed (or forgotten) since: their rows are still there to read
         self._firsts: dict[int, list[tuple[int, int, int]]] = {}  # partition → heap of (offset, entity, start)
 
     # -- entities and partitions -----------------------------------------------------------
@@ -140,6 +159,7 @@ class BatchWindows:
         ``excluded`` marks readings that move their partition's stream time and are judged late or not, but
         join no window (an entity table's filter left them out of the stream).
         """
+        self._compact()  # the windows closed by the call before are read (``features``) by now
         n = len(ts)
         if n == 0:
             return Batch(np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), [])
@@ -180,22 +200,49 @@ class BatchWindows:
         row, e, s = row[group], e[group], s[group]
         cut = np.flatnonzero(np.concatenate(([True], (e[1:] != e[:-1]) | (s[1:] != s[:-1]))))
         source = order[row]
-        chunk = _Chunk(t[row], values[source], source, handles)
-        bounds = np.append(cut, len(row)).tolist()
-        windows = self.open
-        for a, b, entity, start, partition in zip(bounds[:-1], bounds[1:], e[cut].tolist(), s[cut].tolist(),
-                                                  part[row[cut]].tolist()):
-            window = windows.get((entity, start))
-            if window is None:
-                window = windows[(entity, start)] = self._new(entity, start, partition, handles[int(source[a])])
-            window.spans.append((chunk, a, b))
+        keys = list(zip(e[cut].tolist(), s[cut].tolist()))
+        slots = list(map(self.open.get, keys))
+        if None in slots:  # the batch opened windows
+            parts, firsts = part[row[cut]].tolist(), source[cut].tolist()
+            for i, slot in enumerate(slots):
+                if slot is None:
+                    slots[i] = self._new(*keys[i], parts[i], handles[firsts[i]])
+        ends = np.append(cut[1:], len(row))
+        last = self._last
+        for slot, newest in zip(slots, source[ends - 1].tolist()):
+            last[slot] = handles[newest]
+        self.rows.append(np.repeat(np.array(slots, dtype=np.int64), ends - cut), t[row], values[source])
 
-    def _new(self, entity: int, start: int, partition: int, first: Any) -> _Window:
+    def _new(self, entity: int, start: int, partition: int, first: Any) -> int:
         offset = self.offset(first)
-        window = _Window(start, (partition, offset))
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot = len(self._first)
+            self._first.append(None)
+            self._last.append(None)
+        self._first[slot] = (partition, offset)
+        self.open[(entity, start)] = slot
         heapq.heappush(self._firsts.setdefault(partition, []), (offset, entity, start))
         heapq.heappush(self.partitions[partition].ends, (start + self.size, entity, start))
-        return window
+        return slot
+
+    def _closed(self, entity: int, start: int, closer: Any) -> Closed:
+        slot = self.open.pop((entity, start))
+        self._closing.append(slot)
+        return Closed(self._names[entity], start, slot, self._last[slot], closer)
+
+    def _compact(self) -> None:
+        """Drop the rows of the windows closed since the last call and free their slots."""
+        if not self._closing:
+            return
+        gone = np.zeros(len(self._first), dtype=bool)
+        gone[self._closing] = True
+        self.rows.compact(gone)
+        for slot in self._closing:
+            self._last[slot] = None  # the reading's record goes with its window
+        self._free += self._closing
+        self._closing = []
 
     def _close(self, state: _Partition, stream: np.ndarray, arrivals: np.ndarray, handles: list) -> list[Closed]:
         """Close the windows of one partition that its stream time passed, each with the reading that closed it
@@ -204,9 +251,8 @@ class BatchWindows:
         ends, closed = state.ends, []
         while ends and ends[0][0] + self.lateness <= state.stream_time:
             end, entity, start = heapq.heappop(ends)
-            window = self.open.pop((entity, start))
             closer = handles[int(arrivals[int(np.searchsorted(stream, end + self.lateness))])]
-            closed.append(Closed(self._names[entity], start, window, closer))
+            closed.append(self._closed(entity, start, closer))
             state.closed_through = max(state.closed_through, end)
         return closed
 
@@ -219,7 +265,7 @@ class BatchWindows:
         closed = []
         while state.ends:
             end, entity, start = heapq.heappop(state.ends)
-            closed.append(Closed(self._names[entity], start, self.open.pop((entity, start)), None))
+            closed.append(self._closed(entity, start, None))
             state.closed_through = max(state.closed_through, end)
         return closed
 
@@ -229,33 +275,26 @@ class BatchWindows:
 
     # -- features of closed windows --------------------------------------------------------
     def features(self, closed: list[Closed]) -> tuple[np.ndarray, np.ndarray]:
-        """(reading count, feature rows) of ``closed``, each window's readings in event-time order.
+        """(reading count, feature rows) of ``closed``, each window's readings in event-time order (arrival order
+        breaks ties), from the windows the last :meth:`add` or :meth:`close_partition` calls closed: the next
+        ``add`` drops their readings.
 
-        A window holds a span per batch that brought it readings: at a low rate that is a span per reading
-        or two, tens of thousands for the windows one stream-time step closes at once. The spans are
-        gathered with array operations (one pass of Python over them, in ``zip`` and ``map``), never a
-        slice per span.
+        One pass of array operations over the open windows' rows, whatever the number of windows or of the
+        batches that brought their readings.
         """
-        per_window = np.fromiter((len(c.window.spans) for c in closed), dtype=np.int64, count=len(closed))
-        chunks, begins, ends = zip(*(span for c in closed for span in c.window.spans))
-        begin = np.array(begins, dtype=np.int64)
-        length = np.array(ends, dtype=np.int64) - begin
-        # the distinct chunks, laid end to end: a span's rows are ``base[its chunk] + begin .. + length``
-        ids = np.fromiter(map(id, chunks), dtype=np.int64, count=len(chunks))
-        _, first, which = np.unique(ids, return_index=True, return_inverse=True)
-        distinct = [chunks[i] for i in first.tolist()]
-        sizes = np.fromiter((len(chunk.ts) for chunk in distinct), dtype=np.int64, count=len(distinct))
-        base = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        counts = np.add.reduceat(length, np.concatenate(([0], np.cumsum(per_window)[:-1]))) if len(closed) else length
+        slots = np.fromiter((c.slot for c in closed), dtype=np.int64, count=len(closed))
+        if not set(slots.tolist()) <= set(self._closing):
+            raise ValueError("features of windows closed before the last add(): their readings are gone")
+        where = np.full(len(self._first), -1, dtype=np.int64)
+        where[slots] = np.arange(len(slots))
+        rows = self.rows
+        window = where[rows.slot[:rows.n]]
+        taken = np.flatnonzero(window >= 0)
+        window = window[taken]
+        by_time = taken[np.lexsort((rows.ts[taken], window))]  # stable: arrival order breaks ties
+        counts = np.bincount(window, minlength=len(slots))
         bounds = np.concatenate(([0], np.cumsum(counts)))
-        total = int(bounds[-1])
-        span_at = np.concatenate(([0], np.cumsum(length)[:-1]))  # each span's first row in the gathered arrays
-        rows = np.repeat(base[which] + begin - span_at, length) + np.arange(total)
-        all_ts = np.concatenate([chunk.ts for chunk in distinct])[rows]
-        segment = np.repeat(np.arange(len(closed)), counts)
-        by_time = np.lexsort((np.arange(total), all_ts, segment))  # stable: arrival order breaks ties
-        values = np.concatenate([chunk.values for chunk in distinct])[rows][by_time]
-        return counts, compute_windows(self.fs, values, bounds)
+        return counts, compute_windows(self.fs, rows.values[by_time], bounds)
 
     # -- offsets and partitions ------------------------------------------------------------
     def first_open_offset(self, partition: int) -> int | None:
@@ -263,8 +302,8 @@ class BatchWindows:
         heap = self._firsts.get(partition)
         while heap:
             offset, entity, start = heap[0]
-            window = self.open.get((entity, start))
-            if window is not None and window.first == (partition, offset):
+            slot = self.open.get((entity, start))
+            if slot is not None and self._first[slot] == (partition, offset):
                 return offset
             heapq.heappop(heap)
         return None
@@ -274,7 +313,8 @@ class BatchWindows:
         for p in partitions:
             state = self.partitions.pop(p, None)
             for _, entity, start in state.ends if state is not None else ():
-                self.open.pop((entity, start), None)
+                if (slot := self.open.pop((entity, start), None)) is not None:
+                    self._closing.append(slot)  # its rows go at the next compaction
             self._firsts.pop(p, None)
 
 

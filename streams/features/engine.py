@@ -235,7 +235,7 @@ class WindowFeatures(Processor):
                 closed += quiet
                 if self.shadow is not None:
                     differences = self.shadow.close_partition(TopicPartition(self.progress.topic, partition))
-                    outputs += self._sampled(differences, quiet[0].window.last)
+                    outputs += self._sampled(differences, quiet[0].last)
         return (self._emit(closed) if closed else []) + outputs
 
     def _decode(self, batch: list[Record], outputs: list[Output]) -> tuple[dict, list[Record]]:
@@ -278,7 +278,7 @@ class WindowFeatures(Processor):
         for i, (c, value) in enumerate(zip(closed, encoded)):
             # the trace of the window's own newest reading; the ingest time of the reading that closed it
             # (another entity's, perhaps: the stream time is the partition's), where the window's latency starts
-            headers = carry_headers(c.window.last, **{H_EVENT_ID: f"{c.entity}:{c.start}"})
+            headers = carry_headers(c.last, **{H_EVENT_ID: f"{c.entity}:{c.start}"})
             if c.closer is not None and H_INGEST_MS in c.closer.headers:
                 headers[H_INGEST_MS] = c.closer.headers[H_INGEST_MS]
             outputs.append(Output(self.output_topic, c.entity, value, headers))
@@ -286,7 +286,7 @@ class WindowFeatures(Processor):
                                    *features[i].tolist())))
             self.store.stage(row)
             if self.shadow is not None:
-                outputs.extend(self._sampled(self.shadow.live(c.entity, row), c.window.last))
+                outputs.extend(self._sampled(self.shadow.live(c.entity, row), c.last))
         return outputs
 
     def _shadow(self, records: list[Record], entities: list[str], ts: np.ndarray, values: np.ndarray,

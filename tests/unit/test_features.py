@@ -311,3 +311,29 @@ def test_the_demo_scoreboard_shows_the_served_models_accuracy_with_and_without_t
     for other in ({"anomaly": {"metrics": {"accuracy": 0.9}}}, {}):
         board = simulator.score(Observed(start_ms=0, truth=truth, model_cards=other))
         assert not any("accuracy" in k for k in board.figures) and not any("held-out" in n for n in board.notes)
+
+
+def test_closed_windows_give_up_their_readings_at_the_next_batch():
+    """The open windows' readings live in columns, a row per reading and window: the rows of the windows a batch
+    closed are read by ``features`` and dropped by the next ``add``, so the columns hold the open windows only,
+    and features asked for later are refused rather than computed from rows that are gone."""
+    windows = BatchWindows(FEATURE_SET, offset=lambda offset: offset)
+    windows.start(0)
+    row = [1.0] * len(SENSORS)
+
+    def add(entities: list[str], ts: list[int]) -> list:
+        at = windows.rows.n
+        return windows.add(windows.ids(entities), np.zeros(len(ts), dtype=np.int64), np.array(ts),
+                           np.array([row] * len(ts)), list(range(at, at + len(ts)))).closed
+
+    add(["a", "b", "a"], [1_000, 1_100, 1_200])
+    add(["a", "b"], [5_100, 5_200])  # second windows open; the first stay open for the lateness
+    assert windows.rows.n == 5
+    closed = add(["b"], [6_000])  # stream time 6 s: the first windows close
+    assert sorted((c.entity, c.start, c.last) for c in closed) == [("a", 0, 2), ("b", 0, 1)]
+    counts, _ = windows.features(closed)
+    assert sorted(counts.tolist()) == [1, 2] and windows.rows.n == 6
+    add(["a"], [6_100])
+    assert windows.rows.n == 4  # the closed windows' three rows are gone: a 5,100 / 6,100, b 5,200 / 6,000
+    with pytest.raises(ValueError, match="closed before the last add"):
+        windows.features(closed)
