@@ -8,7 +8,10 @@ At-least-once (default)
     on revocation and shutdown). A crash anywhere before the commit re-delivers the batch; nothing
     is committed that has not been delivered. Processors that keep state across
     batches (windows) say which offsets they still need (``committable``) and the
-    commit never passes them.
+    commit never passes them. A processor whose ``flush`` writes in a thread of its
+    own (the feature engine's online-store write) returns the write's future: the
+    loop reads and processes the next batch while it is written, and commits the
+    batch once it is (one write in flight at most, written in order).
 
 Exactly-once (``exactly_once: true`` in the topology)
     the outputs and the consumed offsets go in one Kafka transaction
@@ -65,6 +68,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NamedTuple
@@ -117,6 +121,8 @@ PAUSED = Gauge("tangram_processor_paused", "1 while the processor's partitions a
 
 #: A dead letter over the producer's size limit keeps this many bytes of the original (and its sha256).
 DLQ_KEPT_BYTES = 512 * 1024
+#: While side effects are written in the processor's thread, how often the loop looks for a first record.
+WRITING_POLL_S = 0.002
 
 #: Header names carried by every record (DESIGN.md, "Contracts and wire format").
 H_EVENT_ID = "event_id"
@@ -308,8 +314,14 @@ class Processor(ABC):
         """
         return functools.partial(self.process, batch)
 
-    def flush(self) -> None:
-        """Make side effects outside Kafka durable. Called after outputs are acknowledged, before the commit."""
+    def flush(self) -> Future | None:
+        """Make side effects outside Kafka durable. Called after outputs are acknowledged, before the commit.
+
+        A processor that writes them in a thread of its own returns that write's future: at-least-once, the loop
+        goes on reading and processing the next batch meanwhile and commits this batch's offsets once the future
+        is done (its ``BackpressureError`` is backpressure, as if raised here); exactly-once, it waits for it
+        before the transaction commits. Called again only once the future before is done."""
+        return None
 
     def committable(self, partition: TopicPartition) -> int | None:
         """The earliest offset of ``partition`` still needed by state kept across batches, if any."""
@@ -354,6 +366,13 @@ class _Sent(NamedTuple):
     offsets: list[TopicPartition]
     records: list[Record]
     started: float  # perf_counter() when the batch was submitted
+
+
+class _Writing(NamedTuple):
+    """Delivered batches whose side effects are being written (``Processor.flush``'s future): their commit waits."""
+
+    written: Future
+    batches: list[_Sent]
 
 
 @dataclass(frozen=True)
@@ -490,11 +509,15 @@ class Runner:
         self._failures: list[str] = []
         self._submitted: collections.deque[_Submitted] = collections.deque()  # submitted, outputs not produced yet
         self._pending: _Sent | None = None  # a pipelined processor's batch: produced, acks and commit outstanding
+        self._writing: _Writing | None = None  # acknowledged batches: side effects being written, commit outstanding
         self._transaction: list[_Sent] = []  # exactly-once: the batches of the open transaction
         self._transaction_ends = 0.0  # monotonic time by which the open transaction is committed
         self._rewound: dict[tuple[str, int], int] = {}  # partitions sought back in a rebalance callback
         self._in_callback = False
         self._revoked: set[tuple[str, int]] = set()  # partitions revoked during the current fetch
+        # the partitions assigned, as the rebalance callbacks said (consumer.assignment() asks librdkafka's own
+        # thread and waits for its answer: a round trip per commit on the hot path)
+        self._owned: set[tuple[str, int]] = set()
         self._backoff_s = config.backoff_initial_s
         self._watchdog: Watchdog | None = None  # set for a processor that is a process of its own
         #: Partition assignments received (one per rebalance this member took part in).
@@ -534,6 +557,8 @@ class Runner:
         batches = 0
         try:
             while not self._stop.is_set() and (max_batches is None or batches < max_batches):
+                if self._writing is not None and self._writing.written.done():
+                    self._settle()  # the side effects are written: the offsets of their batches are committed now
                 busy = self._pending is not None or bool(self._submitted) or bool(self._transaction)
                 messages = self._fetch(busy)
                 records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), headers_of(m),
@@ -546,6 +571,9 @@ class Runner:
                     self._end_transaction()  # nothing more at hand: its outputs become visible now
                     continue
                 if not records and not busy:
+                    if self._writing is not None:  # nothing came while they were written
+                        self._settle()
+                        continue
                     if self._commit_refused:
                         self._commit_again()
                     if outputs := self.processor.idle():
@@ -585,7 +613,9 @@ class Runner:
 
         ``busy`` (batches in flight): only what is fetched already, never a wait with work at hand.
         Otherwise up to ``max_wait_ms`` for a first message, then up to ``linger_ms`` for more. One
-        ``consume(batch_size, max_wait_ms)`` would hold a lone record for all of ``max_wait_ms``.
+        ``consume(batch_size, max_wait_ms)`` would hold a lone record for all of ``max_wait_ms``. While
+        side effects are written, the wait for a first message lasts no longer than the write (the loop
+        then commits what it waited for).
         """
         cfg = self.config
         consume = self.consumer.consume
@@ -593,7 +623,10 @@ class Runner:
         messages = consume(cfg.batch_size, 0)
         if busy:
             return messages
-        if not messages:
+        if not messages and self._writing is not None:
+            while not messages and not self._writing.written.done() and not self._stop.is_set():
+                messages = consume(1, WRITING_POLL_S)
+        elif not messages:
             messages = consume(1, cfg.max_wait_ms / 1000)
         wanted = cfg.batch_size - len(messages)
         if not messages or wanted <= 0 or not self._linger_s:
@@ -609,6 +642,7 @@ class Runner:
             if self._pending is not None:
                 self._complete_pending()
             self._end_transaction()
+            self._settle()
         except (DeliveryError, KafkaException) as exc:
             self.log.warning("the last batch was not committed, it will be read again: %s", exc)
         try:
@@ -646,8 +680,11 @@ class Runner:
                              "records again): %s", err.str())
 
     # -- backpressure ------------------------------------------------------------------
-    def _flush_side_effects(self) -> None:
+    def _flush_side_effects(self, wait: bool = True) -> Future | None:
         """``processor.flush`` (side effects outside Kafka), after the outputs' acks and before the commit.
+
+        ``wait=False``: a flush written in the processor's own thread returns its future at once (the caller
+        commits when it is done, :meth:`_settle`); otherwise this returns once the side effects are written.
 
         A service it writes to being down (:class:`BackpressureError`, e.g. the online store's circuit
         breaker open) does not block the loop: every partition is paused and the loop keeps polling
@@ -658,10 +695,18 @@ class Runner:
         (:class:`DeliveryError`), and a restart rebuilds from the committed offsets.
         """
         try:
-            self.processor.flush()
-            return
+            written = self.processor.flush()
+            if written is None or not wait:
+                return written
+            written.result()
+            return None
         except BackpressureError as exc:
-            reason: BackpressureError = exc
+            self._retry_side_effects(exc)
+        return None
+
+    def _retry_side_effects(self, reason: BackpressureError) -> None:
+        """The side effects failed with ``reason``: paused, back off and flush again until they are written
+        (see :meth:`_flush_side_effects`)."""
         name, cfg = self.processor.name, self.config
         BACKPRESSURE.labels(name).inc()
         self.backpressure_events += 1
@@ -685,7 +730,8 @@ class Runner:
                                         "offsets not committed: the processor stops and a restart rebuilds")
                 if self.processor.ready():
                     try:
-                        self.processor.flush()
+                        if (written := self.processor.flush()) is not None:
+                            written.result()
                         break
                     except BackpressureError as exc:
                         reason = exc
@@ -704,12 +750,24 @@ class Runner:
             self.consumer.resume(self.consumer.assignment())
         self.log.info("%s: side effects written after %.2fs paused; resumed", name, time.monotonic() - started)
 
+    def _settle(self) -> None:
+        """Wait for the side effects being written (backpressure while they fail), then commit their batches."""
+        if self._writing is None:
+            return
+        writing, self._writing = self._writing, None
+        try:
+            writing.written.result()
+        except BackpressureError as exc:
+            self._retry_side_effects(exc)
+        self._commit_delivered(writing.batches)
+
     def _put_back(self, records: list[Record], reason: BackpressureError) -> None:
         """Backpressure: the batch produced before is completed, ``records`` and every batch submitted
         after them are put back (their results, if any, are dropped: nothing of them was produced)."""
         if self._pending is not None:
             self._complete_pending()
         self._end_transaction()  # not left open through the back-off
+        self._settle()
         later = [r for batch in self._submitted for r in batch.records]
         self._submitted.clear()
         self._back_off([*records, *later], reason)
@@ -848,7 +906,9 @@ class Runner:
 
     def _deliver(self, batches: list["_Sent"]) -> None:
         """Wait for every ack of the batches' outputs, run side effects, then commit their offsets
-        (in exactly-once mode: send them to the transaction and commit it)."""
+        (in exactly-once mode: send them to the transaction and commit it). At-least-once, side effects
+        written in the processor's own thread are left to it: the batches' commit waits for them
+        (:meth:`_settle`), the next batch does not."""
         transactional = self.config.exactly_once
         remaining = self.producer.flush(self.config.delivery_timeout_s)
         if remaining or self._failures:
@@ -856,10 +916,18 @@ class Runner:
                 self.producer.abort_transaction()
             detail = "; ".join(self._failures[:3]) or f"{remaining} not acknowledged in {self.config.delivery_timeout_s}s"
             raise DeliveryError(f"{self.processor.name}: outputs not delivered, offsets not committed: {detail}")
-        self._flush_side_effects()
+        self._settle()  # the batches before: their side effects and commit come first
+        if (written := self._flush_side_effects(wait=transactional)) is not None:
+            self._writing = _Writing(written, batches)
+            return
+        self._commit_delivered(batches)
+
+    def _commit_delivered(self, batches: list["_Sent"]) -> None:
+        """Commit the offsets of batches whose outputs are acknowledged and side effects written."""
+        transactional = self.config.exactly_once
         # a later batch's position of a partition supersedes an earlier one's; one revoked while the side
         # effects waited is its new owner's now
-        owned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        owned = self._owned
         offsets = list({(tp.topic, tp.partition): tp for sent in batches for tp in sent.offsets
                         if (tp.topic, tp.partition) in owned}.values())
         if transactional:
@@ -973,6 +1041,7 @@ class Runner:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.assignments += 1
+        self._owned.update((p.topic, p.partition) for p in partitions)
         self.log.info("partitions assigned: %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions) or "none")
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -983,6 +1052,7 @@ class Runner:
             if self._pending is not None:  # its transaction and offsets belong to the generation ending now
                 self._complete_pending()
             self._end_transaction()
+            self._settle()  # side effects being written: their offsets are committed before the partitions go
         except DeliveryError as exc:
             self.log.warning("the batch in flight was not committed, the new owner reads it again: %s", exc)
         try:
@@ -993,4 +1063,5 @@ class Runner:
         self._commit_sync([(p.topic, p.partition) for p in partitions])
         for p in partitions:
             self._committed.pop((p.topic, p.partition), None)
+            self._owned.discard((p.topic, p.partition))
         self.processor.on_revoke(partitions)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 
 import numpy as np
 from confluent_kafka import TopicPartition
@@ -307,11 +308,13 @@ class WindowFeatures(Processor):
                                   carry_headers(record)))
         return out
 
-    def flush(self) -> None:
+    def flush(self) -> Future | None:
         """Write the emitted windows to the online store, and how far the engine got, in one round trip (after
-        the broker acknowledged the batch's outputs; the progress with the last command). A batch that closed
-        no window and dead-lettered nothing has nothing to write: no round trip (``streams.features.progress``)."""
-        self.store.flush((self.progress.key, self.progress.fields(self.windows)))
+        the broker acknowledged the batch's outputs; the progress with the last command), in the writer's
+        thread: the delivery loop reads and processes the next batch while Redis writes, and commits this one's
+        offsets when the write is done. A batch that closed no window and dead-lettered nothing has nothing to
+        write: no round trip (``streams.features.progress``)."""
+        return self.store.flush_async((self.progress.key, self.progress.fields(self.windows)))
 
     def committable(self, partition: TopicPartition) -> int | None:
         firsts = [offset] if (offset := self.windows.first_open_offset(partition.partition)) is not None else []

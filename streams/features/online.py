@@ -29,6 +29,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -67,6 +68,9 @@ class OnlineWriter:
         timeout_s = guard.timeout_s if guard is not None else timeout_s
         self.redis = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._pending: dict[str, dict] = {}  # entity → newest row not yet written
+        # the rows and progress of a write that failed, taken again by the next flush
+        self._failed: tuple[dict[str, dict], tuple[bytes, dict[bytes, bytes]] | None] = ({}, None)
+        self._writer: ThreadPoolExecutor | None = None  # flush_async's thread, started by its first call
         self.retries = 0
         self.written = 0
         self.skipped = 0  # rows not newer than the stored one (Feast's rule)
@@ -97,10 +101,45 @@ class OnlineWriter:
         far it got, see ``streams.features.engine``) written by the last command, so that it never lands
         before the rows it accounts for.
         """
+        if (taken := self._take(progress)) is not None:
+            self._write(*taken)
+
+    def flush_async(self, progress: tuple[bytes, dict[bytes, bytes]] | None = None) -> Future | None:
+        """:meth:`flush` in the writer's own thread: the returned future is done when the rows and ``progress``
+        are written (its ``result()`` raises what ``flush`` would); None when there is nothing to write.
+
+        The delivery loop reads and processes the next batch meanwhile, and commits this batch's offsets once
+        the future is done (``Processor.flush``). One write at a time: the caller waits for the future before it
+        calls again. A write that failed gives its rows back at the next call (a row staged since, of a newer
+        window, supersedes its entity's), so a retry writes them.
+        """
+        taken = self._take(progress)
+        if taken is None:
+            return None
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="online-writer")
+        return self._writer.submit(self._write, *taken)
+
+    def _take(self, progress: tuple[bytes, dict[bytes, bytes]] | None
+              ) -> tuple[dict[str, dict], tuple[bytes, dict[bytes, bytes]] | None] | None:
+        """The staged rows and the progress, handed over for one write (None: nothing to write). What a write
+        that failed held goes again: its rows (where no newer one of their entity is staged since) and its
+        progress fields (where the new progress does not move them on)."""
+        failed_rows, failed_progress = self._failed
+        self._failed = ({}, None)
+        for row in failed_rows.values():
+            self.stage(row)
+        if failed_progress is not None:
+            key, fields = failed_progress
+            progress = (key, {**fields, **(progress[1] if progress else {})})
         if not self._pending and not (progress and progress[1]):
-            return
+            return None
+        rows, self._pending = self._pending, {}
+        return rows, progress
+
+    def _write(self, staged: dict[str, dict], progress: tuple[bytes, dict[bytes, bytes]] | None) -> None:
         layout = self.layout
-        rows = list(self._pending.values())
+        rows = list(staged.values())
         head = [layout.key_ttl_s or 0, len(layout.read_fields)]
         commands: list[tuple[list, list]] = []
         packed = layout.pack_rows(rows) if rows else []
@@ -131,10 +170,13 @@ class OnlineWriter:
                 self.redis.script_load(HSET_NEWER)  # (every command of the round trip was refused)
                 return send()
 
-        written = self._retrying("write", write)
+        try:
+            written = self._retrying("write", write)
+        except BaseException:
+            self._failed = (staged, progress)  # taken again by the next flush
+            raise
         self.written += written
         self.skipped += len(rows) - written
-        self._pending.clear()
 
     def read_hash(self, key: bytes, fields: list[bytes]) -> list[bytes | None]:
         """``HMGET key fields`` (retried while Redis is down, as writes are)."""
@@ -164,6 +206,8 @@ class OnlineWriter:
                 delay = min(delay * 2, 2.0)
 
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
         self.redis.close()
 
 

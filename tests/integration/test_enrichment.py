@@ -140,7 +140,7 @@ def test_the_features_processor_joins_its_entity_table_restored_and_followed_liv
                 offset += 1
         before = filtered("maintenance")
         outputs = processor.process(records)
-        processor.flush()
+        processor.flush().result()  # the online write, done in the writer's thread
 
         dead = [o for o in outputs if o.topic == f"{prefix}.dlq.features"]
         reasons = {(o.key, dict(o.headers)["dlq.reason"]) for o in dead}

@@ -58,7 +58,7 @@ def test_shadow_version_is_compared_and_never_served(stack, tmp_path):
             offset += 1
     before = {r: shadow_rows(r) for r in ("same", "different")}
     outputs = processor.process(records)
-    processor.flush()
+    processor.flush().result()  # the online write, done in the writer's thread
     try:
         live = [o for o in outputs if o.topic == f"{prefix}.features.device_window"]
         shadow = [o for o in outputs if o.topic == shadow_topic]

@@ -20,6 +20,7 @@ import redis
 
 from streams.features.layout import FeastLayout
 from pm_app import FEATURE_SET
+from streams.errors import DeliveryError
 from streams.features.online import WRITE_CHUNK, OnlineLookup, OnlineWriter, read_online_features
 
 pytestmark = pytest.mark.integration
@@ -100,6 +101,36 @@ def test_a_fleets_rows_go_in_commands_of_a_few_hundred_and_the_progress_with_the
 
         writer.flush((progress_key, {b"p:t:0": b"120 15000"}))  # the progress alone, no rows staged
         assert writer.read_hash(progress_key, [b"p:t:0"]) == [b"120 15000"] and writer.written == len(rows)
+    finally:
+        writer.close()
+        client.close()
+
+
+def test_a_write_in_the_writers_thread_lands_and_one_that_failed_goes_again_with_the_next(stack):
+    """``flush_async`` (the engine's flush: the delivery loop goes on while Redis writes): the future is done when
+    the rows and the progress are written; a write that failed gives its rows and progress back to the next one
+    (a newer row of the same entity staged since wins), so nothing of it is lost."""
+    layout = FeastLayout.of(FEATURE_SET, _project())
+    rng = random.Random(3)
+    progress_key = b"progress-" + layout.project.encode()
+    writer = OnlineWriter("redis://127.0.0.1:1/0", layout, retry_s=0.05, timeout_s=0.2)  # nothing listens there
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        assert writer.flush_async() is None  # nothing staged, no progress: no write
+        a1, b1 = _row("a", 10_000, rng), _row("b", 10_000, rng)
+        writer.stage(a1)
+        writer.stage(b1)
+        failed = writer.flush_async((progress_key, {b"p:t:0": b"7 10000"}))
+        with pytest.raises(DeliveryError):
+            failed.result()
+        a2 = _row("a", 15_000, rng)  # staged while the write failed: newer than the failed row of a
+        writer.stage(a2)
+        writer.redis = redis.Redis.from_url(stack.redis_url)  # Redis is back
+        written = writer.flush_async((progress_key, {b"p:t:1": b"3 5000"}))
+        assert written.result() is None and written.done()
+        assert read_online_features(client, ["a", "b"], layout) == [_served(a2), _served(b1)]
+        assert writer.read_hash(progress_key, [b"p:t:0", b"p:t:1"]) == [b"7 10000", b"3 5000"]
+        assert writer.written == 2 and writer.flush_async() is None  # nothing left over
     finally:
         writer.close()
         client.close()

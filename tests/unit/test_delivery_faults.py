@@ -3,6 +3,9 @@ partitions without blocking the loop, and a processor reading several topics is 
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
 from streams.delivery import Output, Processor, Record, Runner, RunnerConfig
 from streams.errors import ServiceUnavailableError
 from streams.kafka_fakes import FakeConsumer, FakeProducer, VirtualClock
@@ -64,3 +67,98 @@ def test_a_processor_reading_several_topics_is_co_partitioned_with_the_range_ass
     assert two.strategy(processor) == "cooperative-sticky"
     forced = RunnerConfig(kafka=KafkaConnection("x"), group_id="g", inputs=("a", "b"), assignment_strategy="roundrobin")
     assert forced.strategy(FlushesLate(0)) == "roundrobin"
+
+
+class WritesInThread(Processor):
+    """Echoes each record; writes its side effects in a thread of its own (``flush`` returns the write's future),
+    as the feature engine writes the online store. A write lasts until the next batch has been processed (the
+    last one: until it is flushed; every one at once unless ``hold``), and the first ``failures`` writes fail, as
+    during a Redis outage."""
+
+    name = "thread-flush"
+
+    def __init__(self, consumer: FakeConsumer, last_offset: int, failures: int = 0, hold: bool = True):
+        self.consumer, self.last_offset, self.failures, self.hold = consumer, last_offset, failures, hold
+        self.processed: list[tuple[list[int], bool, dict]] = []  # offsets, a write in flight, committed then
+        self.writes: list[Future] = []
+        self._release: threading.Event | None = None
+        self._seen = -1
+        self._pool = ThreadPoolExecutor(max_workers=1)
+
+    @classmethod
+    def build(cls, ctx):  # pragma: no cover - built directly
+        raise NotImplementedError
+
+    def process(self, batch: list[Record]) -> list[Output]:
+        in_flight = bool(self.writes) and not self.writes[-1].done()
+        self.processed.append(([r.offset for r in batch], in_flight, dict(self.consumer.committed)))
+        self._seen = batch[-1].offset
+        if self._release is not None:
+            self._release.set()  # the write before ends once this batch is processed
+        return [Output("out", r.key, r.value) for r in batch]
+
+    def flush(self) -> Future:
+        release = self._release = threading.Event()
+        if self._seen == self.last_offset or not self.hold:
+            release.set()
+        failing = len(self.writes) < self.failures
+
+        def write() -> None:
+            release.wait(5)
+            if failing:
+                raise ServiceUnavailableError("redis down (a write in the thread)", service="redis")
+
+        self.writes.append(self._pool.submit(write))
+        return self.writes[-1]
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+
+def test_side_effects_written_in_a_thread_overlap_the_next_batch_and_hold_their_commit_until_written():
+    consumer = FakeConsumer([("in", 0)])
+    consumer.arrive("in", 0, [b"a", b"b", b"c", b"d", b"e", b"f"])
+    producer = FakeProducer()
+    processor = WritesInThread(consumer, last_offset=5)
+    runner = Runner(processor, RunnerConfig(kafka=KafkaConnection("fake:9092"), group_id="g", inputs=("in",),
+                                            batch_size=2), consumer=consumer, producer=producer)
+    runner.run(max_batches=3)
+    # each batch after the first is processed while the write before is in flight, whose offsets wait for it
+    assert processor.processed == [([0, 1], False, {}), ([2, 3], True, {}), ([4, 5], True, {("in", 0): 2})]
+    assert len(processor.writes) == 3 and all(w.done() for w in processor.writes)
+    assert [v for _, v, _ in producer.acked] == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    assert consumer.committed == {("in", 0): 6}  # the last write, then its commit, on the way out
+
+
+def test_a_write_in_a_thread_that_fails_is_backpressure_its_batch_committed_once_written_again():
+    consumer = FakeConsumer([("in", 0)])
+    consumer.arrive("in", 0, [b"a", b"b", b"c", b"d"])
+    producer = FakeProducer()
+    processor = WritesInThread(consumer, last_offset=3, failures=1)
+    runner = Runner(processor, RunnerConfig(kafka=KafkaConnection("fake:9092"), group_id="g", inputs=("in",),
+                                            batch_size=2, backoff_initial_s=0.01, backoff_max_s=0.02),
+                    consumer=consumer, producer=producer)
+    runner.run(max_batches=2)
+    # the first write failed while the second batch was processed; written again (the second flush), then
+    # both batches committed, nothing produced twice
+    assert [offsets for offsets, _, _ in processor.processed] == [[0, 1], [2, 3]]
+    assert isinstance(processor.writes[0].exception(), ServiceUnavailableError)
+    assert runner.backpressure_events == 1 and runner.paused_s > 0
+    assert [v for _, v, _ in producer.acked] == [b"a", b"b", b"c", b"d"]
+    assert consumer.committed == {("in", 0): 4}
+    assert not any(p.paused for p in consumer._partitions.values())
+
+
+def test_exactly_once_waits_for_side_effects_written_in_a_thread_before_the_transaction_commits():
+    consumer = FakeConsumer([("in", 0)])
+    consumer.arrive("in", 0, [b"a", b"b", b"c", b"d"])
+    producer = FakeProducer()
+    processor = WritesInThread(consumer, last_offset=3, hold=False)
+    runner = Runner(processor, RunnerConfig(kafka=KafkaConnection("fake:9092"), group_id="g", inputs=("in",),
+                                            batch_size=2, exactly_once=True, transaction_ms=0),
+                    consumer=consumer, producer=producer)
+    runner.run(max_batches=2)
+    # the loop waited for each write before its transaction committed: none was in flight at the next batch
+    assert processor.processed == [([0, 1], False, {}), ([2, 3], False, {})]
+    assert len(processor.writes) == 2 and all(w.done() for w in processor.writes)
+    assert [v for _, v, _ in producer.acked] == [b"a", b"b", b"c", b"d"]
