@@ -270,23 +270,27 @@ class WindowFeatures(Processor):
         if self.join is not None:
             features = np.hstack([features, self.join.attributes([(c.entity, c.start) for c in closed])])
         starts = np.fromiter((c.start for c in closed), dtype=np.int64, count=len(closed))
-        columns = {fs.entity.join_key: [c.entity for c in closed], "window_start": starts,
-                   "window_end": starts + fs.window.size_ms, "count": counts,
+        entities = [c.entity for c in closed]
+        bounds = {"window_start": starts, "window_end": starts + fs.window.size_ms, "count": counts}
+        columns = {fs.entity.join_key: entities, **bounds,
                    **{name: features[:, j] for j, name in enumerate(fs.feature_names)}}
         encoded = self._batch_out.encode(columns, len(closed))
+        layout = self.layout  # the online rows, packed from the same columns
+        self.store.stage_packed(entities, bounds[layout.event_time_field].tolist(), layout.pack_columns(
+            [bounds[f] for f in layout.int_fields], features, bounds[layout.event_time_field]))
         outputs = []
-        names = fs.columns
-        for i, (c, value) in enumerate(zip(closed, encoded)):
+        for c, value in zip(closed, encoded):
             # the trace of the window's own newest reading; the ingest time of the reading that closed it
             # (another entity's, perhaps: the stream time is the partition's), where the window's latency starts
             headers = carry_headers(c.last, **{H_EVENT_ID: f"{c.entity}:{c.start}"})
             if c.closer is not None and H_INGEST_MS in c.closer.headers:
                 headers[H_INGEST_MS] = c.closer.headers[H_INGEST_MS]
             outputs.append(Output(self.output_topic, c.entity, value, headers))
-            row = dict(zip(names, (c.entity, int(starts[i]), int(starts[i]) + fs.window.size_ms, int(counts[i]),
-                                   *features[i].tolist())))
-            self.store.stage(row)
-            if self.shadow is not None:
+        if self.shadow is not None:
+            names = fs.columns
+            for i, c in enumerate(closed):
+                row = dict(zip(names, (c.entity, int(starts[i]), int(starts[i]) + fs.window.size_ms, int(counts[i]),
+                                       *features[i].tolist())))
                 outputs.extend(self._sampled(self.shadow.live(c.entity, row), c.last))
         return outputs
 

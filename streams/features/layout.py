@@ -244,6 +244,19 @@ def _timestamp(epoch_ms: int) -> bytes:
     return (b"\x08" + _varint(seconds) if seconds else b"") + (b"\x10" + _varint(millis * 1_000_000) if millis else b"")
 
 
+@functools.lru_cache(maxsize=16_384)
+def _int_head(values: tuple[int | None, ...]) -> bytes:
+    """The integer fields of a packed row (``pack_columns``). Cached: a batch's windows share their bounds and
+    mostly their counts."""
+    return _prefixed(_int64_value(v) if v is not None else b"" for v in values)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _time_tail(epoch_ms: int) -> bytes:
+    """The event time that ends a packed row (``pack_columns``), cached as its integer fields are."""
+    return _prefixed((_timestamp(epoch_ms),))
+
+
 def encode_timestamp(epoch_ms: int) -> bytes:
     """The serialized ``google.protobuf.Timestamp`` of an epoch time in milliseconds."""
     ts = Timestamp()
@@ -354,24 +367,35 @@ class FeastLayout:
     def pack_rows(self, rows: Sequence[Mapping]) -> list[bytes]:
         """Each row's values for ``read_fields`` (the view's fields, then ``_ts``: the bytes of ``encode_row``)
         in one string, each value after its length in one byte, as ``HSET_NEWER`` reads them; the doubles of
-        all rows encoded at once."""
+        all rows encoded at once (:meth:`pack_columns`)."""
         n, k = len(rows), len(self.double_fields)
         doubles = np.array([[row[f] for f in self.double_fields] for row in rows], dtype="<f8").reshape(n, k)
+        ints = [[row.get(f) for row in rows] for f in self.int_fields]
+        out = self.pack_columns(ints, doubles, [self.event_time_ms(row) for row in rows])
+        maybe_null = np.isnan(doubles).any(axis=1).tolist()  # a None became NaN above (a NaN may be a value)
+        for i, row in enumerate(rows):
+            if maybe_null[i] and any(row.get(f) is None for f in self.double_fields):  # Feast's null: the empty message
+                packed = _prefixed(encode_value(row.get(f), integer=False) for f in self.double_fields)
+                head = _prefixed(_int64_value(row[f]) if row.get(f) is not None else b"" for f in self.int_fields)
+                out[i] = b"".join((head, packed, _prefixed((_timestamp(self.event_time_ms(row)),))))
+        return out
+
+    def pack_columns(self, ints: Sequence[Sequence[int | None]], doubles: np.ndarray,
+                     event_ms: Sequence[int]) -> list[bytes]:
+        """:meth:`pack_rows` of rows given as columns: ``ints`` in ``int_fields`` order (None: Feast's null),
+        ``doubles`` rows × ``double_fields`` (every value a double, NaN included), each row's event time. The
+        feature engine stages a batch's windows this way, without a dict a window."""
+        n, k = len(doubles), len(self.double_fields)
         cells = np.empty((n, k, 10), dtype=np.uint8)
         cells[:, :, 0] = 9  # the length of a double_val Value: its tag and 8 bytes
         cells[:, :, 1] = _DOUBLE_TAG
-        cells[:, :, 2:] = doubles.view(np.uint8).reshape(n, k, 8)
+        cells[:, :, 2:] = np.ascontiguousarray(doubles, dtype="<f8").reshape(n, k).view(np.uint8).reshape(n, k, 8)
         blob, width = cells.tobytes(), 10 * k
-        maybe_null = np.isnan(doubles).any(axis=1).tolist()  # a None became NaN above (a NaN may be a value)
-        out = []
-        for i, row in enumerate(rows):
-            ints = [_int64_value(row[f]) if row.get(f) is not None else b"" for f in self.int_fields]
-            if maybe_null[i] and any(row.get(f) is None for f in self.double_fields):  # Feast's null: the empty message
-                packed = _prefixed(encode_value(row.get(f), integer=False) for f in self.double_fields)
-            else:
-                packed = blob[i * width:(i + 1) * width]
-            out.append(b"".join((_prefixed(ints), packed, _prefixed((_timestamp(self.event_time_ms(row)),)))))
-        return out
+        columns = [c.tolist() if isinstance(c, np.ndarray) else list(c) for c in ints]
+        times = event_ms.tolist() if isinstance(event_ms, np.ndarray) else list(event_ms)
+        heads = zip(*columns) if columns else [()] * n
+        return [b"".join((_int_head(values), blob[i * width:(i + 1) * width], _time_tail(times[i])))
+                for i, values in enumerate(heads)]
 
     @cached_property
     def _doubles(self) -> tuple[struct.Struct, list[int], bytes, slice]:

@@ -55,6 +55,9 @@ T = TypeVar("T")
 #: Rows per online-store write command (see ``OnlineWriter.flush``).
 WRITE_CHUNK = 256
 
+#: A staged row: its event time, and the row (``OnlineWriter.stage``) or its packed values (``stage_packed``).
+_Staged = tuple[int, "Mapping | bytes"]
+
 
 class OnlineWriter:
     """Stages output rows and writes them to Feast's Redis layout on ``flush``, retrying while Redis is unreachable."""
@@ -67,9 +70,9 @@ class OnlineWriter:
         self.guard = guard
         timeout_s = guard.timeout_s if guard is not None else timeout_s
         self.redis = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        self._pending: dict[str, dict] = {}  # entity → newest row not yet written
+        self._pending: dict[str, _Staged] = {}  # entity → its newest row not yet written, and its event time
         # the rows and progress of a write that failed, taken again by the next flush
-        self._failed: tuple[dict[str, dict], tuple[bytes, dict[bytes, bytes]] | None] = ({}, None)
+        self._failed: tuple[dict[str, _Staged], tuple[bytes, dict[bytes, bytes]] | None] = ({}, None)
         self._writer: ThreadPoolExecutor | None = None  # flush_async's thread, started by its first call
         self.retries = 0
         self.written = 0
@@ -85,11 +88,19 @@ class OnlineWriter:
         """Whether Redis answers (through the guard's breaker: no call while it is open)."""
         return self.guard.probe(self.redis.ping) if self.guard is not None else True
 
-    def stage(self, row: dict) -> None:
-        entity = row[self.layout.join_key]
+    def stage(self, row: Mapping) -> None:
+        """Stage ``row`` to be written at the next flush, unless a newer row of its entity is staged."""
+        self._stage(row[self.layout.join_key], self.layout.event_time_ms(row), row)
+
+    def stage_packed(self, entities: Sequence[str], event_ms: Sequence[int], cells: Sequence[bytes]) -> None:
+        """:meth:`stage` of rows already packed (``FeastLayout.pack_columns``): a batch of windows, no dict each."""
+        for entity, at, packed in zip(entities, event_ms, cells):
+            self._stage(entity, at, packed)
+
+    def _stage(self, entity: str, event_ms: int, row: Mapping | bytes) -> None:
         current = self._pending.get(entity)
-        if current is None or self.layout.event_time_ms(row) >= self.layout.event_time_ms(current):
-            self._pending[entity] = row
+        if current is None or event_ms >= current[0]:
+            self._pending[entity] = (event_ms, row)
 
     def flush(self, progress: tuple[bytes, dict[bytes, bytes]] | None = None) -> None:
         """Write the staged rows newer than what Redis holds, Feast's rule checked inside Redis: one round trip
@@ -121,14 +132,14 @@ class OnlineWriter:
         return self._writer.submit(self._write, *taken)
 
     def _take(self, progress: tuple[bytes, dict[bytes, bytes]] | None
-              ) -> tuple[dict[str, dict], tuple[bytes, dict[bytes, bytes]] | None] | None:
+              ) -> tuple[dict[str, _Staged], tuple[bytes, dict[bytes, bytes]] | None] | None:
         """The staged rows and the progress, handed over for one write (None: nothing to write). What a write
         that failed held goes again: its rows (where no newer one of their entity is staged since) and its
         progress fields (where the new progress does not move them on)."""
         failed_rows, failed_progress = self._failed
         self._failed = ({}, None)
-        for row in failed_rows.values():
-            self.stage(row)
+        for entity, (event_ms, row) in failed_rows.items():
+            self._stage(entity, event_ms, row)
         if failed_progress is not None:
             key, fields = failed_progress
             progress = (key, {**fields, **(progress[1] if progress else {})})
@@ -137,20 +148,22 @@ class OnlineWriter:
         rows, self._pending = self._pending, {}
         return rows, progress
 
-    def _write(self, staged: dict[str, dict], progress: tuple[bytes, dict[bytes, bytes]] | None) -> None:
+    def _write(self, staged: dict[str, _Staged], progress: tuple[bytes, dict[bytes, bytes]] | None) -> None:
         layout = self.layout
-        rows = list(staged.values())
+        entities, rows = list(staged), list(staged.values())
         head = [layout.key_ttl_s or 0, len(layout.read_fields)]
         commands: list[tuple[list, list]] = []
-        packed = layout.pack_rows(rows) if rows else []
+        dicts = [row for _, row in rows if not isinstance(row, bytes)]  # staged one by one: packed all at once
+        packed = iter(layout.pack_rows(dicts) if dicts else ())
+        cells = [row if isinstance(row, bytes) else next(packed) for _, row in rows]
+        keys = layout.keys(entities)
         n = self.write_chunk
         for at in range(0, len(rows), n) or (0,):  # no rows: one command for the progress alone
             chunk = rows[at:at + n]
-            keys = [layout.key(row[layout.join_key]) for row in chunk]
             args: list = [*head, len(chunk), *layout.read_fields]
-            for row, cells in zip(chunk, packed[at:at + n]):
-                args += (layout.event_time_ms(row), cells)
-            commands.append((keys, args))
+            for (event_ms, _), packed_row in zip(chunk, cells[at:at + n]):
+                args += (event_ms, packed_row)
+            commands.append((keys[at:at + n], args))
         if progress and progress[1]:
             keys, args = commands[-1]
             keys.append(progress[0])

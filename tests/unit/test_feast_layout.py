@@ -12,6 +12,7 @@ import pickle
 import random
 import struct
 
+import numpy as np
 import pytest
 
 from streams.features.layout import (
@@ -141,6 +142,24 @@ def test_rows_packed_a_batch_at_a_time_are_the_bytes_of_encode_row():
     for row, packed in zip(rows, layout.pack_rows(rows), strict=True):
         mapping = layout.encode_row(row)
         assert _cells(packed) == [mapping[f] for f in layout.read_fields], row["device_id"]
+
+
+def test_rows_packed_from_columns_are_the_bytes_of_the_same_rows_packed_from_dicts():
+    """The feature engine stages a batch's windows as columns (``pack_columns``): same bytes as ``pack_rows``."""
+    layout = FeastLayout.of(FEATURE_SET, "pm")
+    rng = random.Random(9)
+    rows = [{"device_id": f"dev-{i}", "window_start": 1_795_000_000_000 + 5000 * i,
+             "window_end": 1_795_000_005_000 + 5000 * i + i % 1000, "count": i,
+             **{n: rng.gauss(0, 10 ** rng.randint(-3, 6)) for n in FEATURE_SET.feature_names}} for i in range(30)]
+    rows[4]["vibration_std"] = float("nan")
+    rows[6]["window_end"] = 0
+    rows[7]["count"] = None
+    ints = [np.array([r[f] for r in rows], dtype=object) if f == "count" else np.array([r[f] for r in rows])
+            for f in layout.int_fields]
+    doubles = np.array([[r[f] for f in layout.double_fields] for r in rows])
+    event_ms = np.array([layout.event_time_ms(r) for r in rows])
+    assert layout.pack_columns(ints, doubles, event_ms) == layout.pack_rows(rows)
+    assert layout.pack_columns([c[:0] for c in ints], doubles[:0], event_ms[:0]) == []
 
 
 def test_a_double_field_of_many_rows_decodes_as_one_array_where_each_row_decodes():
