@@ -695,14 +695,17 @@ class Runner:
         (:class:`DeliveryError`), and a restart rebuilds from the committed offsets.
         """
         try:
-            written = self.processor.flush()
-            if written is None or not wait:
-                return written
-            written.result()
-            return None
+            if not wait:
+                return self.processor.flush()
+            self._flush_now()
         except BackpressureError as exc:
             self._retry_side_effects(exc)
         return None
+
+    def _flush_now(self) -> None:
+        """``processor.flush``, and the end of its write when it writes in a thread of its own."""
+        if (written := self.processor.flush()) is not None:
+            written.result()
 
     def _retry_side_effects(self, reason: BackpressureError) -> None:
         """The side effects failed with ``reason``: paused, back off and flush again until they are written
@@ -730,8 +733,7 @@ class Runner:
                                         "offsets not committed: the processor stops and a restart rebuilds")
                 if self.processor.ready():
                     try:
-                        if (written := self.processor.flush()) is not None:
-                            written.result()
+                        self._flush_now()
                         break
                     except BackpressureError as exc:
                         reason = exc

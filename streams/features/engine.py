@@ -276,8 +276,9 @@ class WindowFeatures(Processor):
                    **{name: features[:, j] for j, name in enumerate(fs.feature_names)}}
         encoded = self._batch_out.encode(columns, len(closed))
         layout = self.layout  # the online rows, packed from the same columns
-        self.store.stage_packed(entities, bounds[layout.event_time_field].tolist(), layout.pack_columns(
-            [bounds[f] for f in layout.int_fields], features, bounds[layout.event_time_field]))
+        event_ms = bounds[layout.event_time_field]
+        self.store.stage_packed(entities, event_ms.tolist(),
+                                layout.pack_columns([bounds[f] for f in layout.int_fields], features, event_ms))
         outputs = []
         for c, value in zip(closed, encoded):
             # the trace of the window's own newest reading; the ingest time of the reading that closed it

@@ -376,8 +376,8 @@ class FeastLayout:
         for i, row in enumerate(rows):
             if maybe_null[i] and any(row.get(f) is None for f in self.double_fields):  # Feast's null: the empty message
                 packed = _prefixed(encode_value(row.get(f), integer=False) for f in self.double_fields)
-                head = _prefixed(_int64_value(row[f]) if row.get(f) is not None else b"" for f in self.int_fields)
-                out[i] = b"".join((head, packed, _prefixed((_timestamp(self.event_time_ms(row)),))))
+                out[i] = b"".join((_int_head(tuple(row.get(f) for f in self.int_fields)), packed,
+                                   _time_tail(self.event_time_ms(row))))
         return out
 
     def pack_columns(self, ints: Sequence[Sequence[int | None]], doubles: np.ndarray,

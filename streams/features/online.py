@@ -156,14 +156,14 @@ class OnlineWriter:
         dicts = [row for _, row in rows if not isinstance(row, bytes)]  # staged one by one: packed all at once
         packed = iter(layout.pack_rows(dicts) if dicts else ())
         cells = [row if isinstance(row, bytes) else next(packed) for _, row in rows]
-        keys = layout.keys(entities)
+        row_keys = layout.keys(entities)
         n = self.write_chunk
         for at in range(0, len(rows), n) or (0,):  # no rows: one command for the progress alone
             chunk = rows[at:at + n]
             args: list = [*head, len(chunk), *layout.read_fields]
             for (event_ms, _), packed_row in zip(chunk, cells[at:at + n]):
                 args += (event_ms, packed_row)
-            commands.append((keys[at:at + n], args))
+            commands.append((row_keys[at:at + n], args))
         if progress and progress[1]:
             keys, args = commands[-1]
             keys.append(progress[0])
