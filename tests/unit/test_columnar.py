@@ -179,20 +179,27 @@ def test_decode_leaves_maps_with_other_keys_to_the_record_codec(other):
     assert BatchCodec(schema, HEADER).decode(values + [fastavro_bytes(schema, _prediction(3, other))]) is None
 
 
-def test_small_batches_go_record_by_record_with_the_same_bytes():
+def test_small_batches_with_a_map_are_written_with_the_same_bytes():
+    """Below ``small_encode`` rows a prediction batch (a map of class probabilities) goes through the row path,
+    its map cut from the column path's bytes: the bytes of the column path and of fastavro record by record."""
     schema = load_schema("pm.predictions.anomaly-value")
     writer = lambda record: fastavro_bytes(schema, record)  # noqa: E731 - the per-record codec
     small = BatchCodec(schema, HEADER, small_batch=32, small_encode=100, record_writer=writer)
     big = BatchCodec(schema, HEADER)
-    n = 5
-    p = np.random.default_rng(9).random((n, 3)).astype(np.float32)
     classes = ("healthy", "bearing_wear", "overheating")
-    cols = {"event_id": [f"e{i}" for i in range(n)], "device_id": [f"d{i}" for i in range(n)],
-            "window_start": np.arange(n, dtype=np.int64), "window_end": np.arange(n, dtype=np.int64) + 5000,
-            "score": 1.0 - p[:, 0], "label": ["healthy"] * n, "confidence": p.max(axis=1),
-            "probabilities": MapColumn(classes, p), "model_name": ["anomaly"] * n, "model_version": ["1"] * n,
-            "inference_ms": np.full(n, 0.5), "trace_id": ["t" * 32] * n}
-    assert small.encode(cols, n) == big.encode(cols, n)
+    for n in (1, 2, 5, 64, 99):
+        p = np.random.default_rng(n).random((n, 3)).astype(np.float32)
+        cols = {"event_id": [f"e{i}" for i in range(n)], "device_id": [f"d{i}" for i in range(n)],
+                "window_start": np.arange(n, dtype=np.int64), "window_end": np.arange(n, dtype=np.int64) + 5000,
+                "score": 1.0 - p[:, 0], "label": ["healthy"] * n, "confidence": p.max(axis=1),
+                "probabilities": MapColumn(classes, p), "model_name": ["anomaly"] * n, "model_version": ["1"] * n,
+                "inference_ms": np.full(n, 0.5), "trace_id": ["t" * 32] * n}
+        written = small.encode(cols, n)
+        assert written == big.encode(cols, n)
+        assert written == [writer(small._row(cols, i)) for i in range(n)]
+
+
+def test_small_batches_are_read_record_by_record():
     records = rows(40, seed=2)
     values = [fastavro_bytes(SCHEMA, r) for r in records]
     reader = BatchCodec(SCHEMA, HEADER, small_batch=32, record_writer=lambda r: fastavro_bytes(SCHEMA, r))
