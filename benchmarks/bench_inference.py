@@ -118,7 +118,7 @@ class Timed(Processor):
             return outputs
         return timed
 
-    def flush(self) -> None:  # once per batch at-least-once, once per transaction (its batches) exactly-once
+    def flush(self) -> None:  # once per delivery (its batches; exactly-once: its transaction)
         self.last_flushed = time.perf_counter()
         while self._started:
             self.latencies.append(self.last_flushed - self._started.popleft())

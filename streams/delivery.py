@@ -1,12 +1,16 @@
 """Delivery guarantees, in one place. Every processor runs inside this loop.
 
 At-least-once (default)
-    consume a micro-batch → ``processor.process`` → produce every output →
-    wait until the broker acknowledged all of them (``acks=all``, idempotent
-    producer) → ``processor.flush`` (side effects such as Redis writes) → commit
-    the offsets (asynchronously: they follow acknowledged outputs; synchronously
-    on revocation and shutdown). A crash anywhere before the commit re-delivers the batch; nothing
-    is committed that has not been delivered. Processors that keep state across
+    consume a micro-batch → ``processor.process`` → produce every output → the next
+    batch, and so on for up to ``commit_interval_ms``; then wait until the broker
+    acknowledged all their outputs (``acks=all``, idempotent producer) →
+    ``processor.flush`` (side effects such as Redis writes) → commit the offsets
+    (asynchronously: they follow acknowledged outputs; synchronously on revocation
+    and shutdown). The delivery ends early whenever the input has nothing more at
+    hand, before a back-off, a revocation and shutdown: at low rates every batch is
+    delivered at once; under load the loop reads the next batch instead of waiting
+    for the acks of the last. A crash anywhere before the commit re-delivers the
+    batches; nothing is committed that has not been delivered. Processors that keep state across
     batches (windows) say which offsets they still need (``committable``) and the
     commit never passes them. A processor whose ``flush`` writes in a thread of its
     own (the feature engine's online-store write) returns the write's future: the
@@ -16,19 +20,18 @@ At-least-once (default)
 Exactly-once (``exactly_once: true`` in the topology)
     the outputs and the consumed offsets go in one Kafka transaction
     (``send_offsets_to_transaction``); readers use ``read_committed``. A transaction spans
-    the batches of up to ``transaction_ms`` (as Kafka Streams' exactly-once commit interval):
+    the batches of one delivery (``commit_interval_ms``, as Kafka Streams' commit interval):
     its outputs are acknowledged, its side effects flushed and its offsets sent once, at its
     end. It ends early whenever the input has nothing more at hand, before a back-off, a
     revocation and shutdown, so a quiet stream's outputs are visible at once.
 
 Pipelining (processors that wait on a service, such as the inference worker)
     a processor with ``pipelined = True`` starts a batch in ``submit`` (its
-    Triton call goes out) and the loop waits for the previous batch's acks and
-    commits it meanwhile, then finishes the new batch and produces its outputs.
-    Same guarantee: one batch at most is produced and not yet acknowledged
-    (at-least-once), offsets are committed in order after their own outputs'
-    acks, and in exactly-once mode the open transaction is committed before
-    partitions are revoked.
+    Triton call goes out) and the loop completes the previous batch meanwhile
+    (its delivery, when due), then finishes the new batch and produces its
+    outputs. Same guarantee: offsets are committed in order after their own
+    outputs' acks, and the open delivery (exactly-once: its transaction) ends
+    before partitions are revoked.
 
 A record that cannot be processed is never dropped and never blocks its
 partition: the processor turns it into a dead letter (``dead_letter``) carrying
@@ -406,9 +409,10 @@ class RunnerConfig:
     replica: str = field(default_factory=lambda: os.environ.get("TANGRAM_REPLICA", ""))
     #: Exactly-once: the broker aborts a transaction left open this long (Kafka Streams' default).
     transaction_timeout_s: float = 10.0
-    #: Exactly-once: a transaction spans the batches of up to this long (Kafka Streams' commit interval
-    #: under exactly-once); each transaction costs the coordinator's round trips once, not per batch.
-    transaction_ms: int = 100
+    #: A delivery spans the batches produced within this long (Kafka Streams' ``commit.interval.ms``): their
+    #: acks are waited for, side effects written and offsets committed once, at its end (exactly-once: one
+    #: transaction). It ends early when the input has nothing more at hand. 0: every batch on its own.
+    commit_interval_ms: int = 100
     #: librdkafka's ``partition.assignment.strategy``; default: ``range`` for a processor reading several
     #: topics co-partitioned (``Processor.copartitioned``), else ``cooperative-sticky`` (incremental rebalances).
     assignment_strategy: str | None = None
@@ -510,8 +514,8 @@ class Runner:
         self._submitted: collections.deque[_Submitted] = collections.deque()  # submitted, outputs not produced yet
         self._pending: _Sent | None = None  # a pipelined processor's batch: produced, acks and commit outstanding
         self._writing: _Writing | None = None  # acknowledged batches: side effects being written, commit outstanding
-        self._transaction: list[_Sent] = []  # exactly-once: the batches of the open transaction
-        self._transaction_ends = 0.0  # monotonic time by which the open transaction is committed
+        self._open: list[_Sent] = []  # produced batches of the open delivery (exactly-once: of its transaction)
+        self._open_ends = 0.0  # monotonic time by which the open delivery ends
         self._rewound: dict[tuple[str, int], int] = {}  # partitions sought back in a rebalance callback
         self._in_callback = False
         self._revoked: set[tuple[str, int]] = set()  # partitions revoked during the current fetch
@@ -559,7 +563,7 @@ class Runner:
             while not self._stop.is_set() and (max_batches is None or batches < max_batches):
                 if self._writing is not None and self._writing.written.done():
                     self._settle()  # the side effects are written: the offsets of their batches are committed now
-                busy = self._pending is not None or bool(self._submitted) or bool(self._transaction)
+                busy = self._pending is not None or bool(self._submitted)  # work in flight: nothing waited for
                 messages = self._fetch(busy)
                 records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), headers_of(m),
                                   m.timestamp()[1]) for m in messages if m.error() is None or self._usable(m)]
@@ -567,9 +571,6 @@ class Runner:
                     rewound, self._rewound = self._rewound, {}
                     records = [r for r in records if (r.topic, r.partition) not in rewound]
                     self._rewind(rewound)
-                if not records and self._transaction and self._pending is None and not self._submitted:
-                    self._end_transaction()  # nothing more at hand: its outputs become visible now
-                    continue
                 if not records and not busy:
                     if self._writing is not None:  # nothing came while they were written
                         self._settle()
@@ -613,9 +614,10 @@ class Runner:
 
         ``busy`` (batches in flight): only what is fetched already, never a wait with work at hand.
         Otherwise up to ``max_wait_ms`` for a first message, then up to ``linger_ms`` for more. One
-        ``consume(batch_size, max_wait_ms)`` would hold a lone record for all of ``max_wait_ms``. While
-        side effects are written, the wait for a first message lasts no longer than the write (the loop
-        then commits what it waited for).
+        ``consume(batch_size, max_wait_ms)`` would hold a lone record for all of ``max_wait_ms``. Nothing
+        at hand ends the open delivery before the wait for a first message (a quiet stream's batches are
+        acknowledged and committed at once). While side effects are written, that wait lasts no longer
+        than the write (the loop then commits what it waited for).
         """
         cfg = self.config
         consume = self.consumer.consume
@@ -623,6 +625,8 @@ class Runner:
         messages = consume(cfg.batch_size, 0)
         if busy:
             return messages
+        if not messages:
+            self._end_delivery()  # nothing more at hand: acks, side effects and commit now
         if not messages and self._writing is not None:
             while not messages and not self._writing.written.done() and not self._stop.is_set():
                 messages = consume(1, WRITING_POLL_S)
@@ -641,7 +645,7 @@ class Runner:
         try:
             if self._pending is not None:
                 self._complete_pending()
-            self._end_transaction()
+            self._end_delivery()
             self._settle()
         except (DeliveryError, KafkaException) as exc:
             self.log.warning("the last batch was not committed, it will be read again: %s", exc)
@@ -768,7 +772,7 @@ class Runner:
         after them are put back (their results, if any, are dropped: nothing of them was produced)."""
         if self._pending is not None:
             self._complete_pending()
-        self._end_transaction()  # not left open through the back-off
+        self._end_delivery()  # not left open through the back-off
         self._settle()
         later = [r for batch in self._submitted for r in batch.records]
         self._submitted.clear()
@@ -857,10 +861,10 @@ class Runner:
     def _send(self, outputs: list[Output], offsets: list[TopicPartition], records: list[Record],
               started: float = 0.0) -> "_Sent":
         """Produce ``outputs`` (in the open transaction in exactly-once mode); :meth:`_complete` finishes the batch."""
-        if self.config.exactly_once and not self._transaction:
-            self.producer.begin_transaction()
-            self._transaction_ends = time.monotonic() + self.config.transaction_ms / 1000
-        self._failures.clear()
+        if not self._open:  # a new delivery (a pipelined processor's batch before it was delivered already)
+            self._failures.clear()
+            if self.config.exactly_once:
+                self.producer.begin_transaction()
         produce = self.producer.produce
         for out in outputs:
             try:  # the hot path: headers go as they are (str or bytes values)
@@ -892,18 +896,17 @@ class Runner:
         self._complete(sent)
 
     def _complete(self, sent: "_Sent") -> None:
-        """Finish a produced batch: at-least-once, now; exactly-once, with its transaction when that is due."""
-        if not self.config.exactly_once:
-            self._deliver([sent])
-            return
-        self._transaction.append(sent)
-        if time.monotonic() >= self._transaction_ends:
-            self._end_transaction()
+        """Add a produced batch to the open delivery, which ends when it is due (``commit_interval_ms``)."""
+        if not self._open:
+            self._open_ends = time.monotonic() + self.config.commit_interval_ms / 1000
+        self._open.append(sent)
+        if time.monotonic() >= self._open_ends:
+            self._end_delivery()
 
-    def _end_transaction(self) -> None:
-        """Exactly-once: commit the open transaction, if any, with the offsets of all its batches."""
-        if self._transaction:
-            batches, self._transaction = self._transaction, []
+    def _end_delivery(self) -> None:
+        """Deliver the open delivery's batches, if any: acks, side effects, commit (exactly-once: its transaction)."""
+        if self._open:
+            batches, self._open = self._open, []
             self._deliver(batches)
 
     def _deliver(self, batches: list["_Sent"]) -> None:
@@ -1053,7 +1056,7 @@ class Runner:
         try:
             if self._pending is not None:  # its transaction and offsets belong to the generation ending now
                 self._complete_pending()
-            self._end_transaction()
+            self._end_delivery()
             self._settle()  # side effects being written: their offsets are committed before the partitions go
         except DeliveryError as exc:
             self.log.warning("the batch in flight was not committed, the new owner reads it again: %s", exc)

@@ -62,6 +62,7 @@ def make_runner(topology: Topology, name: str, stack: StackSettings) -> Runner:
             batch_size=spec.batch_size,
             max_wait_ms=spec.max_wait_ms,
             linger_ms=spec.linger_ms,
+            commit_interval_ms=spec.commit_interval_ms,
             exactly_once=spec.exactly_once,
         ),
     )

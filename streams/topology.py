@@ -150,6 +150,10 @@ class ProcessorSpec(_Model):
     max_wait_ms: int = Field(100, ge=1, le=60_000, description="Longest wait to fill a micro-batch.")
     linger_ms: int = Field(5, ge=0, le=60_000, description="Once a micro-batch's first record is there, how long "
                                                           "to wait for more (at most max_wait_ms).")
+    commit_interval_ms: int = Field(100, ge=0, le=60_000, description="A delivery (acks, side effects, offset commit; "
+                                                                     "exactly-once: a transaction) spans the batches "
+                                                                     "of up to this long; it ends early when nothing "
+                                                                     "more is at hand. 0: every batch on its own.")
     exactly_once: bool = Field(False, description="Kafka transactions instead of at-least-once.")
     params: dict[str, Any] = Field(default_factory=dict, description="Validated by the processor's own settings model.")
     replicas: int = Field(1, ge=1, description="Consumer-group members to run (docker compose --scale).")

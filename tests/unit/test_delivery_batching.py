@@ -77,15 +77,37 @@ def test_a_lone_record_waits_the_linger_not_max_wait():
     assert copy.acked_before_commit == [True, True]
 
 
-def test_under_load_batches_fill_to_batch_size_without_waiting():
-    runner, copy, consumer, producer = loop(partitions=2)
+@pytest.mark.parametrize("interval_ms, deliveries", [(60_000, 1), (0, 3)])
+def test_under_load_batches_fill_to_batch_size_without_waiting(interval_ms, deliveries):
+    """Under load batches fill from what is fetched; only the short last one lingers. The batches read while
+    records are at hand are one delivery (acks, side effects, commit once); ``commit_interval_ms: 0``: three."""
+    runner, copy, consumer, producer = loop(partitions=2, commit_interval_ms=interval_ms)
     consumer.arrive("in", 0, [b"x"] * 700, at=0.0)
     consumer.arrive("in", 1, [b"y"] * 500, at=0.0)
     runner.run(max_batches=3)
     assert [len(offsets) for _, offsets in copy.batches] == [500, 500, 200]
-    assert [t for t, _ in copy.batches] == pytest.approx([0.0, 0.0, 0.005])  # only the last, short one lingers
+    assert [t for t, _ in copy.batches] == pytest.approx([0.0, 0.0, 0.005])
+    assert copy.acked_before_commit == [True] * deliveries  # one flush a delivery, after all its acks
     assert len(producer.acked) == 1200
     assert consumer.committed == {("in", 0): 700, ("in", 1): 500}
+
+
+def test_a_delivery_whose_outputs_are_not_acknowledged_commits_none_of_its_batches():
+    class Unacknowledged(FakeProducer):
+        def flush(self, timeout: float | None = None) -> int:
+            return len(self._queued)  # the broker acknowledged none of them
+
+    clock = VirtualClock()
+    consumer = FakeConsumer([("in", 0), ("in", 1)], clock)
+    producer = Unacknowledged()
+    copy = Copy(clock, producer, consumer)
+    runner = Runner(copy, RunnerConfig(kafka=KafkaConnection("fake:9092"), group_id="g", inputs=("in",),
+                                       batch_size=500, commit_interval_ms=60_000), consumer=consumer, producer=producer)
+    consumer.arrive("in", 0, [b"x"] * 700, at=0.0)
+    consumer.arrive("in", 1, [b"y"] * 500, at=0.0)
+    runner.run(max_batches=3)  # one delivery of three batches, ended on the way out: its acks never come
+    assert [len(offsets) for _, offsets in copy.batches] == [500, 500, 200]
+    assert copy.acked_before_commit == [] and consumer.committed == {}  # no side effect, no offset: read again
 
 
 def test_max_wait_bounds_the_wait_for_a_first_record():
@@ -139,7 +161,7 @@ def test_exactly_once_commits_each_batch_in_its_transaction_after_the_acks():
 
 
 def test_exactly_once_one_transaction_spans_the_batches_at_hand():
-    runner, copy, consumer, producer = loop(exactly_once=True, transaction_ms=60_000)
+    runner, copy, consumer, producer = loop(exactly_once=True, commit_interval_ms=60_000)
     consumer.arrive("in", 0, [b"x"] * 1200, at=0.0)
     consumer.arrive("in", 0, [b"y"], at=0.050)  # after a quiet fetch: the first transaction is committed by then
     runner.run(max_batches=4)

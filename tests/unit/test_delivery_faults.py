@@ -121,9 +121,10 @@ def test_side_effects_written_in_a_thread_overlap_the_next_batch_and_hold_their_
     producer = FakeProducer()
     processor = WritesInThread(consumer, last_offset=5)
     runner = Runner(processor, RunnerConfig(kafka=KafkaConnection("fake:9092"), group_id="g", inputs=("in",),
-                                            batch_size=2), consumer=consumer, producer=producer)
+                                            batch_size=2, commit_interval_ms=0), consumer=consumer, producer=producer)
     runner.run(max_batches=3)
-    # each batch after the first is processed while the write before is in flight, whose offsets wait for it
+    # a delivery a batch: each batch after the first is processed while the write before is in flight, whose
+    # offsets wait for it
     assert processor.processed == [([0, 1], False, {}), ([2, 3], True, {}), ([4, 5], True, {("in", 0): 2})]
     assert len(processor.writes) == 3 and all(w.done() for w in processor.writes)
     assert [v for _, v, _ in producer.acked] == [b"a", b"b", b"c", b"d", b"e", b"f"]
@@ -155,7 +156,7 @@ def test_exactly_once_waits_for_side_effects_written_in_a_thread_before_the_tran
     producer = FakeProducer()
     processor = WritesInThread(consumer, last_offset=3, hold=False)
     runner = Runner(processor, RunnerConfig(kafka=KafkaConnection("fake:9092"), group_id="g", inputs=("in",),
-                                            batch_size=2, exactly_once=True, transaction_ms=0),
+                                            batch_size=2, exactly_once=True, commit_interval_ms=0),
                     consumer=consumer, producer=producer)
     runner.run(max_batches=2)
     # the loop waited for each write before its transaction committed: none was in flight at the next batch
