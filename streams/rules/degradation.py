@@ -63,10 +63,11 @@ class GoldenSignals:
         self._predicted: dict[tuple[str, int], float] = {}  # predictions whose window has not arrived (yet)
         self._outcomes: deque[tuple[float, bool]] = deque()  # (when decided, missing?)
         self._missing = 0  # of the outcomes, those missing
-        # the newest predictions' arrival times and inference latencies, side by side (the p99 reads the values
-        # as one array each batch: a deque of floats converts in C, a deque of pairs through a generator)
-        self._latency_at: deque[float] = deque(maxlen=self.LATENCY_SAMPLES)
-        self._latencies: deque[float] = deque(maxlen=self.LATENCY_SAMPLES)
+        # the newest predictions' inference latencies as runs [arrived, latency ms, predictions]: the rows of one
+        # Triton batch share its round trip, so a window of thousands of predictions is a few dozen runs, and
+        # its p99 is read off them sorted (an array of every sample, each batch, cost more than the rules)
+        self._runs: deque[list] = deque()
+        self._samples = 0
         self._last_window: float | None = None
         self._last_prediction: float | None = None
         self._started = clock()
@@ -93,8 +94,17 @@ class GoldenSignals:
             return
         now = self.clock()
         self._last_prediction = now
-        self._latency_at.extend(itertools.repeat(now, len(devices)))
-        self._latencies.extend(map(float, inference_ms))
+        runs = self._runs
+        for latency, same in itertools.groupby(map(float, inference_ms)):
+            count = sum(1 for _ in same)
+            runs.append([now, latency, count])
+            self._samples += count
+        while self._samples > self.LATENCY_SAMPLES:  # the oldest beyond the newest LATENCY_SAMPLES
+            drop = min(runs[0][2], self._samples - self.LATENCY_SAMPLES)
+            runs[0][2] -= drop
+            self._samples -= drop
+            if not runs[0][2]:
+                runs.popleft()
         pending, predicted, wait = self._pending, self._predicted, self.spec.prediction_wait_ms / 1000
         for key in zip(devices, window_ends):
             arrived = pending.pop(key, None)
@@ -103,6 +113,17 @@ class GoldenSignals:
             else:
                 predicted.pop(key, None)  # re-inserted: its place is its newest arrival
                 predicted[key] = now
+
+    def _p99(self) -> float:
+        """The 99th percentile of the latencies in the runs, as ``numpy.percentile`` computes it over every sample
+        (linear between the two samples around rank 0.99 * (n - 1))."""
+        ordered = sorted((latency, count) for _, latency, count in self._runs)
+        ends = np.cumsum([count for _, count in ordered])  # the rank after each run's last sample
+        rank = 0.99 * (self._samples - 1)
+        low = int(rank)
+        at = np.searchsorted(ends, [low, min(low + 1, self._samples - 1)], side="right")
+        below, above = ordered[at[0]][0], ordered[at[1]][0]
+        return below + (above - below) * (rank - low)
 
     def values(self) -> dict[str, float | None]:
         """Every signal now (None: not enough data in the window for a verdict)."""
@@ -115,13 +136,11 @@ class GoldenSignals:
             del self._predicted[next(iter(self._predicted))]
         while self._outcomes and self._outcomes[0][0] < horizon:
             self._missing -= self._outcomes.popleft()[1]
-        while self._latency_at and self._latency_at[0] < horizon:
-            self._latency_at.popleft()
-            self._latencies.popleft()
+        while self._runs and self._runs[0][0] < horizon:
+            self._samples -= self._runs.popleft()[2]
         n = len(self._outcomes)
         missing = self._missing / n if n >= self.spec.min_samples else None
-        p99 = (float(np.percentile(np.fromiter(self._latencies, float, len(self._latencies)), 99))
-               if len(self._latencies) >= self.spec.min_samples else None)
+        p99 = self._p99() if self._samples >= self.spec.min_samples else None
         windows_flowing = self._last_window is not None and self._last_window >= horizon
         age = now - (self._last_prediction or self._started) if windows_flowing else None
         return {"missing_predictions": missing, "inference_p99_ms": p99, "prediction_age_s": age}

@@ -129,6 +129,11 @@ class RuleProcessor(Processor):
         inputs = {f.get("name") for c in input_codecs.values() for f in c.schema_json.get("fields", [])}
         self.carried = {t: [n for f in c.schema_json.get("fields", []) if (n := f.get("name")) in inputs]
                         for t, c in output_codecs.items()}
+        # what an action reads of the prediction it fires on (``_action``): a batch decoded as columns holds them,
+        # so a firing needs no decode of its record of its own
+        self.action_reads = frozenset({self.entity, self.time, "label", "score", "model_name", "model_version",
+                                       "model_versions", "trace_id", *(n for names in self.carried.values()
+                                                                        for n in names)} & self.prediction_fields)
         spec = settings.degradation
         self.rule_set_key = settings.rule_set or f"{app}.{processor}"
         self.redis_guard = redis_guard
@@ -341,7 +346,7 @@ class RuleProcessor(Processor):
         for record in batch:
             (predictions if record.topic in self.prediction_topics else windows).append(record)
         rules = (*self.book.at("L0"), *self.book.at("L1"))
-        wanted = {self.entity, self.time, "inference_ms", *(s for r in rules for s in r.symbols)}
+        wanted = {self.entity, self.time, "inference_ms", *self.action_reads, *(s for r in rules for s in r.symbols)}
         return self._inputs(predictions, wanted, outputs), self._inputs(windows, {self.entity, self.time}, outputs)
 
     def _inputs(self, records: list[Record], wanted: set[str], outputs: list[Output]) -> _Inputs:
@@ -514,6 +519,8 @@ class RuleProcessor(Processor):
         holds = np.stack([h for h, _ in verdicts])  # rules x rows
         decided = np.stack([k for _, k in verdicts]).all(axis=0)
         reads = self._online_reads(rules) is not None
+        # what a firing reads of its prediction: the action's fields and the rules' symbols the prediction carries
+        fields = self.action_reads.union(*(r.symbols for r in rules)) & self.prediction_fields
         outputs: list[Output] = []
         for j in np.flatnonzero(holds.any(axis=0) | ~decided).tolist():
             i = todo[j]
@@ -530,7 +537,7 @@ class RuleProcessor(Processor):
                     continue
                 fired_types.add(rule.spec.action)
                 if not self._rule_held_back(rule, entity, end):
-                    value = predictions.value(i)
+                    value = predictions.fields(i, fields)
                     context = {**self._blank(rules), **(self._online.get(entity, {}) if reads else {}), **value}
                     outputs.append(self._fire(rule, record, value, context, level, ()))
         return outputs
@@ -658,6 +665,7 @@ class _Inputs:
                  columns: dict[str, Any] | None):
         self.records, self.columns = records, columns
         self._values, self._codecs = values, processor.input_codecs
+        self._lists: tuple[frozenset[str], dict[str, list]] | None = None  # :meth:`fields`'s columns, as lists
         entity, time = processor.entity, processor.time
         if columns is not None:
             self.entities: list[str] = list(columns[entity])
@@ -668,6 +676,19 @@ class _Inputs:
             self.entities = [v[entity] for v in values]
             self.times = [v[time] for v in values]
             self.inference_ms = [v.get("inference_ms", 0.0) for v in values]
+
+    def fields(self, i: int, names: frozenset[str]) -> dict:
+        """Record ``i``'s fields ``names`` (those of its schema), from the batch's columns when they hold them all as
+        plain values, else its whole value (:meth:`value`)."""
+        if self._lists is None or self._lists[0] != names:
+            columns = self.columns
+            usable = columns is not None and all(n in columns and not isinstance(columns[n], MapColumn) for n in names)
+            self._lists = names, ({n: (c.tolist() if isinstance(c, np.ndarray) else c)
+                                   for n in names for c in (columns[n],)} if usable else {})
+        lists = self._lists[1]
+        if not lists:
+            return self.value(i)
+        return {n: column[i] for n, column in lists.items()}
 
     def value(self, i: int) -> dict:
         """Record ``i``'s value (decoded by its codec the first time: the batch codec already proved it decodes)."""

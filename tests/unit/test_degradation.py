@@ -1,5 +1,6 @@
 """Golden signals measured from the data; triggers with hysteresis; the manual switch."""
 
+import numpy as np
 import pytest
 
 from streams.rules.degradation import GoldenSignals, LevelController
@@ -44,6 +45,29 @@ def test_prediction_age_only_while_windows_flow():
     clock.t += 4
     signals.window("d", 5)
     assert signals.values()["prediction_age_s"] == pytest.approx(4)
+
+
+def test_inference_p99_is_numpys_percentile_over_the_window_and_the_newest_samples():
+    """The p99 kept as runs of a batch's shared latency is numpy's over every sample: of the window only, and
+    of its newest ``LATENCY_SAMPLES`` when more arrived (batches of one latency, of several, and single rows)."""
+    clock, rng = Clock(), np.random.default_rng(7)
+    signals = GoldenSignals(SPEC, clock)
+    arrived: list[tuple[float, list[float]]] = []
+    checked = 0
+    for step in range(2500):
+        clock.t += 0.01
+        latencies = np.repeat(rng.gamma(2.0, 5.0, size=int(rng.integers(1, 4))).round(1),
+                              int(rng.integers(1, 30))).tolist()
+        signals.predictions(["d"] * len(latencies), [step] * len(latencies), latencies)
+        arrived.append((clock.t, latencies))
+        if step % 50 == 0:
+            window = [v for at, batch in arrived if at >= clock.t - SPEC.window_s for v in batch]
+            expected = float(np.percentile(window[-GoldenSignals.LATENCY_SAMPLES:], 99))
+            assert signals.values()["inference_p99_ms"] == pytest.approx(expected, rel=1e-12, abs=1e-12)
+            checked += 1
+    assert checked == 50 and len(window) > GoldenSignals.LATENCY_SAMPLES  # the cap was exercised
+    clock.t += SPEC.window_s + 1
+    assert signals.values()["inference_p99_ms"] is None  # the window emptied
 
 
 def test_triggers_enter_above_and_leave_below_after_the_hold():

@@ -132,21 +132,40 @@ def test_a_batch_as_columns_decides_what_the_records_one_by_one_decide(seed):
     assert reasons == {"rule_missing_input", "rule_unevaluable"}, reasons
 
 
-def test_a_batch_that_fires_nothing_decodes_no_record_on_its_own(monkeypatch):
-    """The columns decide it: no record's value is built (the cost the column path saves)."""
-    records = [r for r in predictions(400, 40, 4)]
-    processor = Processor({f"dev-{d}": {"window_end": 5000, "missing_rate": 0.0} for d in range(40)})
-    decoded = []
+def count_decodes(monkeypatch) -> list[bytes]:
+    """From now on, the values ``AvroCodec.decode`` is given, in a list."""
+    decoded: list[bytes] = []
     original = AvroCodec.decode
 
     def counting(self, data):
         decoded.append(data)
         return original(self, data)
 
+    monkeypatch.setattr(AvroCodec, "decode", counting)
+    return decoded
+
+
+def test_a_batch_that_fires_nothing_decodes_no_record_on_its_own(monkeypatch):
+    """The columns decide it: no record's value is built (the cost the column path saves)."""
+    records = [r for r in predictions(400, 40, 4)]
+    processor = Processor({f"dev-{d}": {"window_end": 5000, "missing_rate": 0.0} for d in range(40)})
     quiet = [r for r in records if _label(r) == "healthy" and _score(r) <= 0.9]
     assert len(quiet) >= SMALL_BATCH
-    monkeypatch.setattr(AvroCodec, "decode", counting)
+    decoded = count_decodes(monkeypatch)
     assert processor.process(quiet) == []
+    assert decoded == [] and processor.columns_batches == 1
+
+
+def test_a_batch_whose_rules_fire_builds_its_actions_from_the_columns(monkeypatch):
+    """An action's fields (the prediction's label, score, model, trace) come from the batch's columns too: the rows
+    that fire are not decoded one by one either, and the actions are the record path's (the test above)."""
+    records = predictions(400, 40, 5)
+    processor = Processor({f"dev-{d}": {"window_end": 5000, "missing_rate": 0.0} for d in range(40)})
+    firing = [r for r in records if _label(r) != "healthy" and _value(r)["confidence"] >= 0.8]
+    assert len(firing) >= SMALL_BATCH
+    decoded = count_decodes(monkeypatch)
+    actions = processor.process(firing)
+    assert actions and all(a.topic in TOPICS.values() for a in actions)
     assert decoded == [] and processor.columns_batches == 1
 
 
