@@ -117,8 +117,9 @@ def test_kill_9_mid_window_then_restart_emits_what_an_uninterrupted_run_emits(st
     assert diff_rows(expected, rows) == []
     # every late reading dead-lettered (a batch acknowledged just before a kill may send its dead letters twice:
     # count each source position once), and nothing else: the re-reads are not there
-    late = {_position(m) for m in read_rows(stack.kafka, dlq, None, idle_s=2.0)}
-    assert len(late) == expected_late > 0, _explain(late, tmp_path / "features.log")
+    dead = read_rows(stack.kafka, dlq, None, idle_s=2.0)
+    late = {_position(m) for m in dead}
+    assert len(late) == expected_late > 0, _explain(late, tmp_path / "features.log", dead)
     # the last restart re-read what its committed offsets held back: bounded by the open windows (5 s + 1 s of
     # event time of 12 devices at 10 Hz, with the disorder of the recording) and one batch, not the stream
     assert 0 < rebuilt <= 12 * 10 * 8 + 500, rebuilt
@@ -181,14 +182,20 @@ def test_a_quiet_partition_closes_its_windows_and_what_a_restart_reads_again_of_
     assert len(late) == expected_late
 
 
-def _explain(late: set[tuple[bytes, bytes]], log) -> str:
+def _explain(late: set[tuple[bytes, bytes]], log, dead: list) -> str:
     """What a failed dead-letter count needs to be understood after the run's files are gone: the dead-lettered
-    offsets of each partition (first, last, how many) and the processor's log."""
+    offsets of each partition (first, last, how many), when each run wrote its dead letters (``dlq.failed_ms``
+    against the log's start times), a few of them, and the processor's log."""
     spans = {}
     for partition, offset in late:
         spans.setdefault(partition.decode(), []).append(int(offset))
     where = {p: (min(o), max(o), len(o)) for p, o in sorted(spans.items())}
-    return f"dead-lettered (first, last, count) per partition: {where}\n{log.read_text(errors='replace')[-6000:]}"
+    written = sorted((int(h["dlq.failed_ms"]), h["dlq.source_partition"].decode(), int(h["dlq.source_offset"]),
+                      h["dlq.error_message"].decode(errors="replace"))
+                     for h in (dict(m.headers()) for m in dead))
+    samples = "\n".join(f"  {ms} p{p}@{o}: {why}" for ms, p, o, why in written[:: max(1, len(written) // 12)])
+    return (f"dead-lettered (first, last, count) per partition: {where}\ndead letters written (failed_ms, position, "
+            f"message), a sample of {len(written)}:\n{samples}\n{log.read_text(errors='replace')[-6000:]}")
 
 
 def _position(message) -> tuple[bytes, bytes]:
@@ -268,8 +275,9 @@ def test_faust_job_killed_mid_window_restores_its_table_and_emits_what_an_uninte
         proc.wait(30)
     assert len(rows) == len(expected)
     assert diff_rows(expected, rows) == []
-    late = {_position(m) for m in read_rows(stack.kafka, dlq, None, idle_s=2.0)}
-    assert len(late) == expected_late > 0, _explain(late, tmp_path / "features.log")
+    dead = read_rows(stack.kafka, dlq, None, idle_s=2.0)
+    late = {_position(m) for m in dead}
+    assert len(late) == expected_late > 0, _explain(late, tmp_path / "features.log", dead)
 
 
 def test_redis_restarted_while_the_job_runs_waits_and_catches_up(stack, tmp_path, own_redis):
