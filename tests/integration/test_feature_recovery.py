@@ -6,7 +6,8 @@
   reference's.
 - Redis stopped while the processor runs, restarted later: the processor waits (offsets are not
   committed past the unwritten windows), catches up, and the online store ends with every
-  device's newest window. This test runs its own Redis (ports 40400–40499), not the stack's.
+  device's newest window. This test runs its own Redis (ports 28400–28499, below the kernel's ephemeral range, where a client's
+  own port could take it first), not the stack's.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ pytestmark = pytest.mark.integration
 
 FEATURE_SET_FILE = PM / "features" / "device_window.yaml"
 
-OWN_REDIS_PORT = 40400 + int(os.environ.get("TANGRAM_TEST_PORT_OFFSET", "0")) % 100
+OWN_REDIS_PORT = 28400 + int(os.environ.get("TANGRAM_TEST_PORT_OFFSET", "0")) % 100
 
 
 def _codecs(stack):
@@ -214,9 +215,10 @@ def own_redis(tmp_path):
     procs: list[subprocess.Popen] = []
 
     def start() -> None:
+        log = tmp_path / "redis.log"
         procs.append(subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(OWN_REDIS_PORT), "--dir", str(data),
                                        "--appendonly", "yes", "--save", "", "--daemonize", "no"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+                                      stdout=log.open("ab"), stderr=subprocess.STDOUT))
         client = redis.Redis(port=OWN_REDIS_PORT, socket_connect_timeout=0.5)
         deadline = time.monotonic() + 10
         while True:
@@ -224,7 +226,10 @@ def own_redis(tmp_path):
                 client.ping()
                 return
             except redis.ConnectionError:
-                assert time.monotonic() < deadline, "own redis did not start"
+                exited = procs[-1].poll() is not None
+                assert not exited and time.monotonic() < deadline, (
+                    f"own redis on port {OWN_REDIS_PORT} did not start ({'it exited' if exited else 'no answer in 10 s'}):\n"
+                    f"{log.read_text(errors='replace')[-2000:]}")
                 time.sleep(0.05)
 
     def stop() -> None:
