@@ -66,7 +66,7 @@ from triton_helpers import REPOSITORY, TritonProcess, own_triton
 pytestmark = pytest.mark.integration
 
 _OFFSET = int(os.environ.get("TANGRAM_TEST_PORT_OFFSET", "0"))
-JOB_METRICS_PORT = 40730 + _OFFSET
+JOB_METRICS_PORT = 28730 + _OFFSET  # below the ephemeral port range (32768-60999)
 CLASSES = ("healthy", "bearing_wear", "overheating")
 DEVICES, RATE = 100, 200.0  # windows/s: 2 per device per second
 VERSIONS = ("1", "2", "3")

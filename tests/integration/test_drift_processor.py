@@ -22,7 +22,7 @@ from isolation import isolated_topology
 pytestmark = pytest.mark.integration
 
 ROWS_BEFORE, ROWS_AFTER, FLEET, WINDOW_S = 900, 900, 300, 5.0
-METRICS_BASE_PORT = 40700
+METRICS_BASE_PORT = 28700  # below the ephemeral port range (32768-60999)
 
 
 def _consume_all(stack, topic: str, until, timeout_s: float = 60.0) -> list[dict]:

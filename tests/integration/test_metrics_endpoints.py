@@ -22,7 +22,7 @@ from isolation import isolated_topology
 
 pytestmark = pytest.mark.integration
 
-METRICS_BASE_PORT = 40710
+METRICS_BASE_PORT = 28710  # below the ephemeral port range (32768-60999)
 SECONDS, DEVICES = 30.0, 20
 
 
