@@ -110,9 +110,10 @@ class Progress:
         last = np.full(int(partitions.max()) + 1, -1, dtype=np.int64)
         np.maximum.at(last, partitions, offsets)
         for p in np.flatnonzero(last >= 0).tolist():
-            self._positions[p] = max(self._positions.get(p, 0), int(last[p]) + 1)
+            reached = int(last[p]) + 1
+            self._positions[p] = max(self._positions.get(p, 0), reached)  # the mark, until the rebuild passes it
             self._changed.add(p)
-            if self._positions[p] >= self._marks.get(p, -1) > 0:
+            if reached >= self._marks.get(p, -1) > 0:
                 log.info("%s: %s[%d] caught up with its mark: %d readings read again to rebuild its state",
                          self.processor, self.topic, p, self.rebuilt.get(p, 0))
                 self._marks[p] = -1  # nothing below the mark is read again in this run
