@@ -127,16 +127,23 @@ def test_kill_9_mid_window_then_restart_emits_what_an_uninterrupted_run_emits(st
     assert reread <= rebuilt
 
 
-def test_a_quiet_partition_closes_its_windows_and_what_a_restart_reads_again_of_them_are_rereads(stack, tmp_path):
+@pytest.mark.parametrize("batch_size", [2000, 40])
+def test_a_quiet_partition_closes_its_windows_and_what_a_restart_reads_again_of_them_are_rereads(stack, tmp_path,
+                                                                                                 batch_size):
     """The stream stops: after ``idle_partition_s`` every open window is closed and emitted (the rows equal the
     reference's with the partitions gone quiet). The committed offsets still stand at those windows' first
     readings (a quiet partition brings no batch to commit with), so a ``kill -9`` and restart reads them
-    again: all of them re-reads, none dead-lettered, no window emitted again with other values."""
+    again: all of them re-reads, none dead-lettered, no window emitted again with other values. At a batch of
+    40 the restart reads them again in several batches each (about 120 readings a partition): every one of
+    those batches stays a re-read up to the recorded mark (17fadd9: before it, the second batch's readings of
+    the closed windows went to the DLQ as late)."""
     path, prefix = isolated_topology(tmp_path)
-    path.write_text(path.read_text().replace("feature_set: features/device_window.yaml\n",
-                                             "feature_set: features/device_window.yaml\n      idle_partition_s: 2\n", 1))
+    text = path.read_text().replace("feature_set: features/device_window.yaml\n",
+                                    "feature_set: features/device_window.yaml\n      idle_partition_s: 2\n", 1)
+    path.write_text(text.replace("    batch_size: 2000\n", f"    batch_size: {batch_size}\n", 1))
     topology = load_topology(path)
     assert topology.processors["features"].params["idle_partition_s"] == 2
+    assert topology.processors["features"].batch_size == batch_size
     apply(topology, stack)
     in_codec, out_codec = _codecs(stack)
     source, output, dlq = f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window", f"{prefix}.dlq.features"
@@ -179,8 +186,9 @@ def test_a_quiet_partition_closes_its_windows_and_what_a_restart_reads_again_of_
         proc.wait(30)
     assert diff_rows(expected, rows) == []
     assert 0 < reread == rebuilt <= 6 * 10 * 8 + 500  # every reading read again was of a closed window
-    late = {_position(m) for m in read_rows(stack.kafka, dlq, None, idle_s=2.0)}
-    assert len(late) == expected_late
+    dead = read_rows(stack.kafka, dlq, None, idle_s=2.0)
+    late = {_position(m) for m in dead}
+    assert len(late) == expected_late, _explain(late, tmp_path / "features.log", dead)
 
 
 def _explain(late: set[tuple[bytes, bytes]], log, dead: list) -> str:
