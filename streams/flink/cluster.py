@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -60,6 +62,14 @@ class FlinkCluster:
         return self.settings.home / "flink" / "cluster"
 
     @property
+    def tmp(self) -> Path:
+        """The cluster's temporary files (``io.tmp.dirs``, the JVMs' ``java.io.tmpdir``, the Python workers'
+        ``TMPDIR``) and the start scripts' pid files: a TaskManager's working directory, its extracted RPC jar, the
+        Python workers' files. A process killed with -9 cannot remove its own; ``down`` removes them all, so none
+        is left in the system's ``/tmp``."""
+        return self.root / "tmp"
+
+    @property
     def checkpoints(self) -> Path:
         return self.settings.home / "flink" / "checkpoints"
 
@@ -89,7 +99,8 @@ class FlinkCluster:
             # a TaskManager killed with -9 is noticed in seconds, not the default 50
             "heartbeat.interval": 1000, "heartbeat.timeout": 6000,
             "python.executable": str(flink_python()), "python.client.executable": str(flink_python()),
-            "env.java.opts.all": _java_opts(home),
+            "io.tmp.dirs": str(self.tmp),
+            "env.java.opts.all": f"{_java_opts(home)} -Djava.io.tmpdir={self.tmp}".strip(),
         }
         (conf / "config.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in config.items()))
         return conf
@@ -108,8 +119,10 @@ class FlinkCluster:
     def _env(self, conf: Path) -> dict[str, str]:
         env = dict(os.environ)
         env.update({"FLINK_CONF_DIR": str(conf), "FLINK_LOG_DIR": str(self.root / "log"), "FLINK_LIB_DIR": str(self._lib()),
+                    "TMPDIR": str(self.tmp), "FLINK_PID_DIR": str(self.tmp),
                     "PYTHONPATH": os.pathsep.join(p for p in (str(SOURCE_ROOT), env.get("PYTHONPATH", "")) if p)})
         (self.root / "log").mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
         return env
 
     def _start(self, name: str, script: str) -> subprocess.Popen:
@@ -123,6 +136,7 @@ class FlinkCluster:
     def up(self, taskmanagers: int = 1, timeout_s: float = 120.0) -> None:
         """Start the JobManager and ``taskmanagers`` TaskManagers; wait until their slots are registered."""
         self.checkpoints.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)  # what a cluster whose owner crashed left
         self._start("jobmanager", "jobmanager.sh")
         for i in range(taskmanagers):
             self.start_taskmanager(f"taskmanager-{i}")
@@ -170,6 +184,7 @@ class FlinkCluster:
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _java_opts(home: Path) -> str:
@@ -212,8 +227,11 @@ def submit(settings: StackSettings, jobmanager: str, job_args: list[str], parall
     """Submit the feature job (detached); returns the job id the client printed."""
     env = job_env(settings)  # the client builds the query: the Kafka connector's security comes from here
     env.setdefault("FLINK_CONF_DIR", str(flink_home() / "conf"))
-    result = subprocess.run(submit_argv(settings, jobmanager, job_args, parallelism), env=env, capture_output=True,
-                            text=True, timeout=timeout_s, check=False)
+    # the client's own temporary files (the job's artifacts zipped for upload), removed once it has submitted
+    with tempfile.TemporaryDirectory(prefix="tangram-flink-submit-") as tmp:
+        env.update({"TMPDIR": tmp, "JVM_ARGS": f"{env.get('JVM_ARGS', '')} -Djava.io.tmpdir={tmp}".strip()})
+        result = subprocess.run(submit_argv(settings, jobmanager, job_args, parallelism), env=env,
+                                capture_output=True, text=True, timeout=timeout_s, check=False)
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(result.stdout + result.stderr)

@@ -8,7 +8,9 @@ the DLQ, and the online store holds each device's newest window."""
 from __future__ import annotations
 
 import os
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -61,6 +63,15 @@ def _wait(what: str, condition, timeout_s: float, cluster: FlinkCluster) -> None
         time.sleep(0.5)
 
 
+def _flink_leftovers() -> set[str]:
+    """What Flink's processes leave in the system's temporary folder when they cannot clean up (a TaskManager's
+    working directory, the RPC jar each JVM extracts, the Python workers' and the file cache's folders, the
+    client's zipped artifacts, the start scripts' pid files)."""
+    patterns = ("tm_*", "flink-rpc-*.jar", "python-dist-*", "flink-dist-cache-*", "flink-distributed-cache-*",
+                "flink-*.pid")
+    return {path.name for pattern in patterns for path in Path(tempfile.gettempdir()).glob(pattern)}
+
+
 def test_a_killed_taskmanager_is_replaced_and_the_job_restores_from_its_checkpoint_losing_nothing(stack, tmp_path):
     path, prefix = isolated_topology(tmp_path)
     apply(load_topology(path), stack)
@@ -74,6 +85,7 @@ def test_a_killed_taskmanager_is_replaced_and_the_job_restores_from_its_checkpoi
     half = len(readings) // 2
     cluster = FlinkCluster(stack, rest_port=18091 + OFFSET, rpc_port=16123 + OFFSET)
     cluster.root.mkdir(parents=True, exist_ok=True)
+    leftovers = _flink_leftovers()
     try:
         cluster.up()
         job = submit(stack, cluster.address, [
@@ -90,6 +102,7 @@ def test_a_killed_taskmanager_is_replaced_and_the_job_restores_from_its_checkpoi
         _wait("windows out and a checkpoint after them", lambda: count_records(stack.kafka, output) >= 9 * 2
               and checkpoints()["completed"] >= 2, 180, cluster)
         cluster.kill("taskmanager-0")
+        killed = list(cluster.tmp.glob("tm_*"))  # its working directory, which it could not remove
         cluster.start_taskmanager("taskmanager-1")
         produce_records(stack.kafka, source, in_codec, readings[half:] + _heartbeats(BASE_MS + 120_000),
                         key="device_id", partitions=PARTITIONS)
@@ -101,6 +114,8 @@ def test_a_killed_taskmanager_is_replaced_and_the_job_restores_from_its_checkpoi
                 for headers in (dict(m.headers()) for m in read_rows(stack.kafka, dlq, None, idle_s=2.0))}
     finally:
         cluster.down()
+    assert killed and not cluster.tmp.exists()  # the cluster's temporary files went with it, the killed one's too
+    assert _flink_leftovers() - leftovers == set()  # and none went to the system's temporary folder
     assert restored >= 1  # the job came back from a checkpoint, not from scratch
     assert diff_rows(expected, rows) == []  # every window, each identical however often it came out
     assert len(late) == expected_late > 0
