@@ -66,6 +66,13 @@ def properties_path(settings: StackSettings, node: int = 1) -> Path:
     return config_dir(settings) / ("server.properties" if node == 1 else f"server-{node}.properties")
 
 
+def tmp_dir(settings: StackSettings, node: int = 1) -> Path:
+    """Node ``node``'s ``java.io.tmpdir``: the native libraries its JVM extracts (lz4, zstd, snappy) stay in the
+    home, not in the system's ``/tmp``, where a node killed with -9 would leave them for good; emptied at each
+    start."""
+    return settings.home / "kafka" / ("tmp" if node == 1 else f"tmp-{node}")
+
+
 def data_dir(settings: StackSettings, node: int = 1) -> Path:
     """Node ``node``'s log directory (node 1's keeps the single-node stack's name)."""
     return settings.home / "kafka" / ("data" if node == 1 else f"data-{node}")
@@ -264,6 +271,8 @@ def prepare(settings: StackSettings, node: int = 1) -> None:
     properties.chmod(0o600)
     properties.write_text(server_properties(settings, node))
     (config_dir(settings) / "log4j2.properties").write_text(LOG4J2)
+    shutil.rmtree(tmp_dir(settings, node), ignore_errors=True)
+    tmp_dir(settings, node).mkdir(parents=True)
     data = data_dir(settings, node)
     stamp = data / _SECURED_STAMP
     if (data / "meta.properties").exists():
@@ -326,7 +335,7 @@ def _jvm_common(settings: StackSettings) -> list[str]:
 def argv(settings: StackSettings, node: int = 1) -> list[str]:
     """Node ``node``'s command line."""
     return [
-        java(), *JVM_OPTS,
+        java(), *JVM_OPTS, f"-Djava.io.tmpdir={tmp_dir(settings, node)}",
         f"-Dlog4j2.configurationFile={config_dir(settings) / 'log4j2.properties'}",
         "-cp", f"{libs_dir(settings)}/*",
         "kafka.Kafka", str(properties_path(settings, node)),

@@ -56,6 +56,16 @@ def test_the_one_node_stack_keeps_its_ports_files_and_single_replicas(tmp_path):
     assert (node["default.replication.factor"], node["transaction.state.log.min.isr"]) == ("1", "1")
 
 
+def test_each_kafka_node_keeps_its_temporary_files_in_the_home(tmp_path):
+    """The native libraries a broker's JVM extracts go to the node's own folder in the home (emptied at each start),
+    not to the system's /tmp, where every node killed with -9 would leave its copies for good."""
+    from streams.stack import kafka
+
+    settings = StackSettings(home=tmp_path, kafka_port=29092, kafka_controller_port=29093, kafka_brokers=3)
+    folders = [arg for node in (1, 2, 3) for arg in kafka.argv(settings, node) if arg.startswith("-Djava.io.tmpdir=")]
+    assert folders == [f"-Djava.io.tmpdir={tmp_path / 'kafka' / name}" for name in ("tmp", "tmp-2", "tmp-3")]
+
+
 def test_node_ports_that_would_overlap_are_refused():
     import pydantic
     import pytest
