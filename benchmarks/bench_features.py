@@ -15,7 +15,9 @@ Prints:
 - ``--faust``: the Faust job on the same records, timed from outside from its first window out to its
   last over the readings consumed between (start-up and group joins count for nothing), windows counted;
 - ``--flink``: the Flink SQL job (bounded, local mini-cluster) at parallelism 1 and 2 on the same records,
-  timed as the Faust job is (its start, planner and Python workers count for nothing), windows counted;
+  timed as the Faust job is (its start, planner and Python workers count for nothing), windows counted,
+  with the CPU its processes (client, JVM, Python workers) used over the same span: µs a reading, cores
+  busy, and readings/s a slot;
 - online-store reads (Feast's Redis layout) at 1, 10 and 100 keys per call: closed loop with 1 and 4
   concurrent clients (calls completed over wall time), then open loop at fixed rates (latency from
   each call's scheduled time), the blocking reader (``read_online_features`` from several processes,
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 import redis
 from confluent_kafka import Consumer, ConsumerGroupState, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -80,6 +83,49 @@ def wait_count(stack: StackSettings, topic: str, n: int, timeout_s: float = 900,
                              f"{topic}: the job writing it stopped before {n} records")
         time.sleep(0.05)
     return time.time()
+
+
+class JobCPU:
+    """The CPU seconds (user + system) of the Flink job's processes: this process's child running
+    ``streams.flink.job`` (the client and the mini-cluster's JVM it starts) and every descendant (the Python UDF
+    workers), read from /proc when asked and every 100 ms meanwhile, so that a process that exits keeps its
+    last reading."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep, daemon=True)
+
+    def __enter__(self) -> "JobCPU":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _keep(self) -> None:
+        while not self._stop.wait(0.1):
+            self.sample()
+
+    def sample(self) -> dict[int, float]:
+        """Read every process of the job now; the CPU seconds of each process seen so far, by pid."""
+        with self._lock:
+            for child in psutil.Process().children():
+                try:
+                    if any("streams.flink.job" in part for part in child.cmdline()):
+                        for proc in (child, *child.children(recursive=True)):
+                            times = proc.cpu_times()
+                            self._seen[proc.pid] = times.user + times.system
+                except psutil.NoSuchProcess:
+                    continue
+            return dict(self._seen)
+
+
+def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds between two ``JobCPU.sample`` readings (a process started between counts from zero)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 @dataclass(frozen=True)
@@ -196,23 +242,31 @@ def engines(stack: StackSettings, devices: int, seconds: float, faust: bool, fli
 
             started = time.time()
             thread = threading.Thread(target=job, daemon=True)
-            thread.start()
-            first = wait_count(stack, out, 1, alive=lambda: not failed)
-            last = wait_count(stack, out, windows, alive=lambda: not failed)
-            thread.join()
+            with JobCPU() as cpu:
+                thread.start()
+                first = wait_count(stack, out, 1, alive=lambda: not failed)
+                at_first = cpu.sample()
+                last = wait_count(stack, out, windows, alive=lambda: not failed)
+                cpu_s = cpu_between(at_first, cpu.sample())
+                thread.join()
             if failed:
                 raise SystemExit(f"the Flink job failed: {failed[0]}")
             rate, got = timed_n / max(last - first, 1e-9), count_records(stack.kafka, out)
+            cpu_us, cores = cpu_s / timed_n * 1e6, cpu_s / max(last - first, 1e-9)
             single = single or rate
             print(f"  Flink SQL job, parallelism {parallelism} (bounded, mini-cluster; first window out → last, over "
                   f"the {timed_n:,} readings between; {first - started:.0f} s to its first window)   {rate:>10,.0f} "
-                  f"readings/s   {rate / raw:.3f}×   ({got:,} windows out; {rate / single:.2f}× parallelism 1; "
-                  f"{rate / engine.rate:.2f}× the embedded engine)")
+                  f"readings/s   {rate / raw:.3f}×   {cpu_us:5.2f} µs CPU/reading ({cores:.2f} cores busy; "
+                  f"{rate / parallelism:,.0f} readings/s a slot)   ({got:,} windows out; {rate / single:.2f}× "
+                  f"parallelism 1; {rate / engine.rate:.2f}× the embedded engine)")
             emit(Figure(f"feature windows: Flink SQL job, parallelism {parallelism} (mini-cluster, first window → last)",
-                        f"{rate:,.0f} readings/s ({got:,} windows out, {windows:,} closed by event time)",
-                        f"embedded engine {engine.rate:,.0f}/s", f"{rate / engine.rate:.2f} (goal ≥ 1 at parallelism 1)"
+                        f"{rate:,.0f} readings/s, {rate / parallelism:,.0f} a slot, {cpu_us:.1f} µs CPU/reading on "
+                        f"{cores:.2f} cores (the job's JVM and Python workers; {got:,} windows out, {windows:,} "
+                        f"closed by event time)",
+                        f"embedded engine {engine.rate:,.0f}/s, {engine.cpu_us:.1f} µs CPU/reading",
+                        f"{rate / engine.rate:.2f} (goal ≥ 1 at parallelism 1)"
                         + (f"; {rate / single:.2f}× parallelism 1 (goal ≥ 1.6)" if parallelism == 2 else ""),
-                        n=n, batch="-", benchmark="bench_features"))
+                        n=n, batch="-", benchmark="bench_features", value=rate))
 
 
 def _fill_online_store(stack: StackSettings, devices: int) -> FeastLayout:
