@@ -628,7 +628,9 @@ class Runner:
         if not messages:
             self._end_delivery()  # nothing more at hand: acks, side effects and commit now
         if not messages and self._writing is not None:
-            while not messages and not self._writing.written.done() and not self._stop.is_set():
+            # a revocation served inside this poll settles the write (``_on_revoke``): the wait ends with it
+            while not messages and self._writing is not None and not self._writing.written.done() \
+                    and not self._stop.is_set():
                 messages = consume(1, WRITING_POLL_S)
         elif not messages:
             messages = consume(1, cfg.max_wait_ms / 1000)
