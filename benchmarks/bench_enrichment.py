@@ -22,7 +22,6 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -39,7 +38,7 @@ from streams.topology import Topology, load_topology
 
 from bench_features import _rss_kib, embedded
 from reference_app import APP, FEATURE_SET, SCHEMAS, TOPOLOGY, load_schema, recorded_readings
-from report import Figure, emit
+from report import Figure, emit, scratch
 
 ATTRIBUTES = ("site_plant_a", "site_plant_b", "rated_rpm")
 
@@ -156,19 +155,8 @@ def restore_child(feature_set: str, table: str, schemas: str) -> None:
     follower.close()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--devices", type=int, default=200)
-    p.add_argument("--seconds", type=float, default=250.0, help="Event time of the recording (10 readings/s/device).")
-    p.add_argument("--entities", type=int, default=100_000, help="Devices in the table (the recorded ones included).")
-    p.add_argument("--memory-only", action="store_true", help="Only the table's memory (a table of ENTITIES written).")
-    p.add_argument("--restore-child", nargs=3, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.restore_child:
-        restore_child(*args.restore_child)
-        return
-    stack = StackSettings()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-enrichment-"))
+def measure(args: argparse.Namespace, stack: StackSettings, tmp: Path) -> None:
+    """Memory only (``--memory-only``), or the engine without, with and again without the join, then memory."""
     if args.memory_only:
         prefix = f"b{uuid.uuid4().hex[:8]}"
         table = f"{prefix}.devices"
@@ -223,6 +211,21 @@ def main() -> None:
     per_100k = table_memory(stack, tmp, table, args.entities)
     emit(Figure("entity table memory per 100k entities (process RSS growth restoring it)", f"{per_100k:.1f} MiB",
                 "-", "-", n=args.entities, batch="-", benchmark="bench_enrichment"))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--devices", type=int, default=200)
+    p.add_argument("--seconds", type=float, default=250.0, help="Event time of the recording (10 readings/s/device).")
+    p.add_argument("--entities", type=int, default=100_000, help="Devices in the table (the recorded ones included).")
+    p.add_argument("--memory-only", action="store_true", help="Only the table's memory (a table of ENTITIES written).")
+    p.add_argument("--restore-child", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.restore_child:
+        restore_child(*args.restore_child)
+        return
+    with scratch("bench-enrichment-") as tmp:
+        measure(args, StackSettings(), tmp)
 
 
 if __name__ == "__main__":

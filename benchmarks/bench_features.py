@@ -36,7 +36,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -65,7 +64,7 @@ from streams.topology import Topology, load_topology
 
 from baselines import raw_copy_seconds
 from reference_app import FEATURE_SET, FEATURE_SET_FILE, REPO, TOPOLOGY, load_schema, recorded_readings
-from report import Figure, emit
+from report import Figure, emit, scratch
 
 
 def isolated(tmp: Path) -> tuple[Path, str]:
@@ -172,7 +171,11 @@ def readings_after_first_close(readings: list[dict]) -> int:
 
 
 def engines(stack: StackSettings, devices: int, seconds: float, faust: bool, flink: bool) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="bench-features-"))
+    with scratch("bench-features-") as tmp:
+        _engines(tmp, stack, devices, seconds, faust, flink)
+
+
+def _engines(tmp: Path, stack: StackSettings, devices: int, seconds: float, faust: bool, flink: bool) -> None:
     path, prefix = isolated(tmp)
     topology = load_topology(path)
     apply(topology, stack)
@@ -478,7 +481,7 @@ def _wait_consumed(stack: StackSettings, group: str, topic: str, changelog: str,
         consumer.close()
 
 
-def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, settle_s: float = 5.0) -> float:
+def faust_memory_per_10k_devices(tmp: Path, stack: StackSettings, devices: int = 10_000, settle_s: float = 5.0) -> float:
     """The Faust job's own process: RSS after start-up with no devices, then after ``devices`` devices' state
     (half-full 5 s windows: 25 readings each at 10 Hz, none closed) is built, in two halves; returns MiB per 10k.
 
@@ -487,7 +490,6 @@ def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, se
     The growth from start-up includes one-off costs of the first records (buffers, codecs, the producer); the
     growth between the halves is the marginal cost of state alone (RSS rarely shrinks: a high-water mark).
     """
-    tmp = Path(tempfile.mkdtemp(prefix="bench-faust-memory-"))
     path, prefix = isolated(tmp)
     apply(load_topology(path), stack)
     source, output, dlq, group = (f"{prefix}.ingest.telemetry", f"{prefix}.features.device_window",
@@ -534,11 +536,10 @@ def faust_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, se
     return growth
 
 
-def embedded_memory_per_10k_devices(stack: StackSettings, devices: int = 10_000, settle_s: float = 5.0) -> float:
+def embedded_memory_per_10k_devices(tmp: Path, stack: StackSettings, devices: int = 10_000, settle_s: float = 5.0) -> float:
     """The embedded engine's own process (``tangram run … features``), measured as the Faust job is: RSS after
     start-up with no devices, then after ``devices`` devices' half-full windows, fed in two halves; each reading
     counted in by the processor's ``tangram_processor_records_in_total`` before RSS is read. MiB per 10k."""
-    tmp = Path(tempfile.mkdtemp(prefix="bench-embedded-memory-"))
     path, prefix = isolated(tmp)
     apply(load_topology(path), stack)
     source = f"{prefix}.ingest.telemetry"
@@ -588,8 +589,10 @@ def _half_full(devices: int) -> tuple[list[list[dict]], int]:
 
 def memory(stack: StackSettings) -> None:
     """Process RSS growth per 10k devices of the Faust job and of the embedded engine: one measure for both."""
-    faust = faust_memory_per_10k_devices(stack)
-    embedded = embedded_memory_per_10k_devices(stack)
+    with scratch("bench-faust-memory-") as tmp:
+        faust = faust_memory_per_10k_devices(tmp, stack)
+    with scratch("bench-embedded-memory-") as tmp:
+        embedded = embedded_memory_per_10k_devices(tmp, stack)
     print(f"memory per 10k devices, half-full windows (process RSS growth of each): Faust job {faust:.1f} MiB, "
           f"embedded engine {embedded:.1f} MiB; Faust / embedded {faust / embedded:.2f}×")
     emit(Figure("feature state memory per 10k devices, half-full 5 s windows (process RSS growth of each)",

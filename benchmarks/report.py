@@ -7,11 +7,16 @@ renders that file as the README's performance table, so the table is always one 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -34,6 +39,19 @@ def machine() -> str:
                   if line.startswith("model name")), platform.processor() or platform.machine())
     pages = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return f"{os.cpu_count()} cores ({model}), {pages / 2**30:.0f} GiB, Python {platform.python_version()}"
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A folder for one benchmark's files (its topology copies, the logs of the jobs it starts): removed when
+    the benchmark ends well, kept when it fails, with its path on stderr, since its error names the logs."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    except BaseException:
+        print(f"{prefix.rstrip('-')}: files kept in {folder}", file=sys.stderr)
+        raise
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def load() -> str:

@@ -4,6 +4,7 @@ README table written from one run's results (no broker)."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import pytest
@@ -17,6 +18,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from pipeline import History, fleet  # noqa: E402
 from readme_table import BEGIN, END, render, write  # noqa: E402
+from report import scratch  # noqa: E402
 
 
 @pytest.mark.parametrize(("readings", "devices"), [(10_003, 20), (4_000, 7), (999, 10)])
@@ -45,3 +47,18 @@ def test_the_readme_table_is_replaced_whole_between_its_markers(tmp_path):
     assert "old table" not in text and text.startswith("# T\n") and text.endswith(f"{END}\n\n## Tests\n")
     assert "| ingest \\| Kafka | 85,000 records/s | raw 110,000/s | 0.77 | 600,000 | 500 |" in text
     assert "commit `abc1234`" in text and "2 cores" in text
+
+
+def test_a_benchmark_scratch_folder_is_removed_after_a_good_run_and_kept_with_its_logs_after_a_failure(capsys):
+    with scratch("bench-test-") as good:
+        (good / "job.log").write_text("fine")
+    assert not good.exists()
+
+    with pytest.raises(SystemExit), scratch("bench-test-") as bad:
+        (bad / "job.log").write_text("the job's last words")
+        raise SystemExit(f"the job failed: see {bad / 'job.log'}")
+    try:
+        assert (bad / "job.log").read_text() == "the job's last words"
+        assert f"bench-test: files kept in {bad}" in capsys.readouterr().err
+    finally:
+        shutil.rmtree(bad)
