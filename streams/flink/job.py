@@ -5,11 +5,11 @@ a Flink cluster (``flink run --python streams/flink/job.py ...``, ``streams.flin
 generated from the feature-set declaration:
 
 1. **Source**: the ingest topic through Flink's Kafka connector, the value kept as raw bytes and decoded
-   in the JVM by ``CONFLUENT_AVRO`` (``streams/flink/udf``: Flink's own avro-confluent deserializer,
-   writer schemas from the registry by id) — raw so that a late or undecodable reading can reach the DLQ
-   with its original bytes. The event time is a computed column; its watermark (event time minus the
-   allowed lateness and 1 ms) is pushed into the Kafka source, so it is per partition, combined by
-   minimum.
+   in the JVM by ``CONFLUENT_AVRO`` (``streams/flink/udf``: writer schemas from the registry by id; a flat
+   record read straight into the row, any other through Flink's own avro-confluent deserializer) — raw so
+   that a late or undecodable reading can reach the DLQ with its original bytes. The event time is a
+   computed column; its watermark (event time minus the allowed lateness and 1 ms) is pushed into the
+   Kafka source, so it is per partition, combined by minimum.
 2. **Lateness, as the embedded engine decides it**: a partition's stream time is the running maximum of
    the event times read from it (``MAX(ts) OVER (PARTITION BY partition ORDER BY proctime)``, the
    partition's order); a reading whose window ends at or before stream time minus the allowed lateness

@@ -5,12 +5,14 @@ The stream ends: the embedded engine closes the last windows when its partitions
 Flink job at the end of its input; the Faust job (no idle timeout) is compared on the windows the
 stream's own time closed.
 
-The recording has disorder, stragglers, late readings, dropped values and two devices with skewed
-clocks; every engine closes windows by the stream time of their partition, so the skew decides the
-same late readings everywhere."""
+The recording has disorder, stragglers, late readings, dropped values, two devices with skewed
+clocks and values no engine can decode (each to the DLQ as it came, reason undecodable); every engine
+closes windows by the stream time of their partition, so the skew decides the same late readings
+everywhere."""
 
 from __future__ import annotations
 
+import collections
 import math
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from confluent_kafka import Producer
 from isolation import isolated_topology
 
 from reference import REPO as PROJECT_ROOT
@@ -62,6 +65,21 @@ def _skewed(reading: dict) -> dict:
     return {**reading, "ts": reading["ts"] + SKEW_MS.get(reading["device_id"], 0)}
 
 
+def undecodable(framed: bytes) -> list[tuple[bytes, bytes]]:
+    """Values no engine can read, keyed by devices of the recording, one of each kind: not Confluent-framed, a
+    framed body cut short, a framed body under a schema id the registry does not know."""
+    unknown_id = (2**31 - 1).to_bytes(4, "big")
+    return [(b"dev-00000", b"not avro at all"), (b"dev-00001", framed[:8]),
+            (b"dev-00002", b"\x00" + unknown_id + framed[5:])]
+
+
+def produce_raw(stack, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers})
+    for key, value in records:
+        producer.produce(topic, value, key, partition=partition_of(key.decode(), PARTITIONS))
+    assert producer.flush(30) == 0
+
+
 @pytest.fixture(scope="module")
 def recorded(stack, tmp_path_factory):
     """An isolated topology with 20 devices × 30 s of disordered telemetry on its ingest topic."""
@@ -78,8 +96,10 @@ def recorded(stack, tmp_path_factory):
     out_codec = codec(stack.registry_url, "pm.features.device_window-value", load_schema("pm.features.device_window-value"))
     readings = [_skewed(r) for r in recorded_readings(20, 30.0)]
     produce_records(stack.kafka, source, in_codec, readings, key="device_id", partitions=PARTITIONS)
+    garbage = undecodable(in_codec.encode(readings[0]))
+    produce_raw(stack, source, garbage)
     return {"tmp": tmp, "path": path, "prefix": prefix, "topology": topology, "source": source,
-            "readings": readings, "out_codec": out_codec,
+            "readings": readings, "undecodable": len(garbage), "out_codec": out_codec,
             "closed": expected_windows(readings, FEATURE_SET, PARTITIONS),  # by the stream's own time
             "all": expected_windows(readings, FEATURE_SET, PARTITIONS, quiet=True)}  # and at its end
 
@@ -149,7 +169,8 @@ def test_embedded_engine_matches_a_numpy_reference_with_disorder_skew_and_late_r
     expected, expected_late = recorded["all"]
     assert len(rows) == len(expected) > len(recorded["closed"][0]) >= 20 * 4
     assert diff_rows(expected, rows) == []
-    assert late == expected_late > sum(1 for r in recorded["readings"] if "-l" in r["event_id"]) > 0
+    assert late == expected_late + recorded["undecodable"]  # the DLQ: late readings and undecodable values
+    assert expected_late > sum(1 for r in recorded["readings"] if "-l" in r["event_id"]) > 0
     assert partition_of("dev-00003", PARTITIONS) != partition_of("dev-00004", PARTITIONS)
     assert any(device == "dev-00004" for device, _ in rows)  # the lagging device still has windows
 
@@ -193,8 +214,8 @@ def test_every_engine_writes_its_newest_rows_to_feasts_online_store(stack, recor
 
 
 def test_flink_dead_letters_carry_the_original_bytes_and_the_reason(stack, recorded, embedded_rows, flink_rows):
-    """The Flink job's DLQ holds the same readings as the embedded engine's: the original bytes, reason late,
-    the source position in the headers."""
+    """The Flink job's DLQ holds the same records as the embedded engine's: the original bytes, the reason (late
+    or undecodable), the source position in the headers."""
     prefix = recorded["prefix"]
 
     def letters(topic: str) -> dict[tuple[bytes, bytes], tuple[bytes, bytes]]:
@@ -208,3 +229,5 @@ def test_flink_dead_letters_carry_the_original_bytes_and_the_reason(stack, recor
     embedded, flink = letters(f"{prefix}.dlq.features"), letters(f"{prefix}.dlq.features_flink")
     assert len(embedded) == embedded_rows[1] > 0
     assert flink == embedded
+    reasons = collections.Counter(reason for _, reason in flink.values())
+    assert reasons[b"undecodable"] == recorded["undecodable"] and reasons[b"late"] > 0

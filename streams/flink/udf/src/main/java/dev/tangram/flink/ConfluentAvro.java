@@ -1,9 +1,17 @@
 package dev.tangram.flink;
 
+import java.io.ByteArrayInputStream;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.Map;
+import java.util.Set;
+
 import org.apache.flink.api.common.serialization.DeserializationSchema;
+import org.apache.flink.avro.registry.confluent.shaded.io.confluent.kafka.schemaregistry.client.CachedSchemaRegistryClient;
 import org.apache.flink.formats.avro.AvroRowDataDeserializationSchema;
 import org.apache.flink.formats.avro.AvroToRowDataConverters;
 import org.apache.flink.formats.avro.registry.confluent.ConfluentRegistryAvroDeserializationSchema;
+import org.apache.flink.formats.avro.registry.confluent.ConfluentSchemaRegistryCoder;
 import org.apache.flink.formats.avro.typeutils.AvroSchemaConverter;
 import org.apache.flink.metrics.MetricGroup;
 import org.apache.flink.metrics.groups.UnregisteredMetricsGroup;
@@ -28,10 +36,19 @@ import org.apache.flink.util.UserCodeClassLoader;
  * <p>Why a function and not the format on the table: the job also needs the record's original bytes (a
  * late or undecodable reading goes to the dead-letter topic untouched), and a Kafka table has one value
  * format. So the table reads raw bytes and this decodes them.
+ *
+ * <p>A writer schema of primitive fields is read by {@link FlatRecordDecoder} (straight into the row, the same
+ * values); any other by Flink's deserializer. Which one is decided once per schema id.
  */
 public class ConfluentAvro extends ScalarFunction {
 
+    private static final int CACHED_SCHEMAS = 1000;
+
     private transient DeserializationSchema<RowData> decoder;
+    private transient ConfluentSchemaRegistryCoder registry;
+    private transient RowType type;
+    private transient Map<Integer, FlatRecordDecoder> flat; // writer schema id → its fast decoder
+    private transient Set<Integer> general; // writer schema ids the fast decoder does not read
     /**
      * The last value decoded on this thread, its row type and row. The planner calls the function once per
      * field a query takes from it (and once more for the source's watermark), each call site an instance of
@@ -48,12 +65,9 @@ public class ConfluentAvro extends ScalarFunction {
         if (last[0] == value && rowType.equals(last[1])) {
             return (RowData) last[2];
         }
-        if (decoder == null) {
-            decoder = open(rowType, registryUrl);
-        }
         RowData row;
         try {
-            row = decoder.deserialize(value);
+            row = decode(value, rowType, registryUrl);
         } catch (Exception e) {
             if (unreachable(e)) { // the registry is down, not the record bad: fail, the job restores and retries
                 throw new IllegalStateException("schema registry " + registryUrl + " unreachable", e);
@@ -66,6 +80,36 @@ public class ConfluentAvro extends ScalarFunction {
         return row;
     }
 
+    private RowData decode(byte[] value, String rowType, String registryUrl) throws Exception {
+        if (flat == null) {
+            type = (RowType) LogicalTypeParser.parse(rowType, ConfluentAvro.class.getClassLoader());
+            Map<String, String> config = registryConfig(registryUrl);
+            registry = new ConfluentSchemaRegistryCoder(new CachedSchemaRegistryClient(withoutUserInfo(registryUrl),
+                    CACHED_SCHEMAS, config == null ? Map.of() : config));
+            flat = new HashMap<>();
+            general = new HashSet<>();
+        }
+        if (value.length >= 5 && value[0] == 0) {
+            int id = ((value[1] & 0xff) << 24) | ((value[2] & 0xff) << 16) | ((value[3] & 0xff) << 8) | (value[4] & 0xff);
+            FlatRecordDecoder fast = flat.get(id);
+            if (fast == null && !general.contains(id)) {
+                fast = FlatRecordDecoder.plan(registry.readSchema(new ByteArrayInputStream(value, 0, 5)), type);
+                if (fast == null) {
+                    general.add(id);
+                } else {
+                    flat.put(id, fast);
+                }
+            }
+            if (fast != null) {
+                return fast.decode(value);
+            }
+        }
+        if (decoder == null) {
+            decoder = open(rowType, registryUrl);
+        }
+        return decoder.deserialize(value);
+    }
+
     private static boolean unreachable(Throwable e) {
         for (Throwable t = e; t != null; t = t.getCause()) {
             if (t instanceof java.net.ConnectException || t instanceof java.net.SocketTimeoutException
@@ -76,7 +120,7 @@ public class ConfluentAvro extends ScalarFunction {
         return false;
     }
 
-    private static DeserializationSchema<RowData> open(String rowType, String registryUrl) {
+    static DeserializationSchema<RowData> open(String rowType, String registryUrl) {
         RowType type = (RowType) LogicalTypeParser.parse(rowType, ConfluentAvro.class.getClassLoader());
         DeserializationSchema<RowData> schema = new AvroRowDataDeserializationSchema(
                 ConfluentRegistryAvroDeserializationSchema.forGeneric(AvroSchemaConverter.convertToSchema(type),
