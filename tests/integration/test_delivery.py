@@ -37,6 +37,27 @@ def read_all(stack, topic: str, partitions: int, idle_s: float = 2.0, timeout_s:
     return read_rows(stack.kafka, topic, None, partitions, idle_s, timeout_s)
 
 
+def wait_caught_up(stack, group: str, topic: str, partitions: int, timeout_s: float = 90.0) -> None:
+    """Until ``group`` has committed ``topic`` to its end: every record read, its outputs acknowledged (the loop
+    commits only then). A count of the outputs cannot say so after kills: re-delivered duplicates add to it."""
+    probe = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": group})
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                ends = [probe.get_watermark_offsets(tp, timeout=5)[1] for tp in tps]
+                committed = [tp.offset for tp in probe.committed(tps, timeout=5)]
+            except KafkaException:  # e.g. the coordinator moving; ask again
+                committed, ends = [-1], [0]
+            if all(c >= e or e == 0 for c, e in zip(committed, ends)):  # an empty partition has no commit
+                return
+            time.sleep(0.2)
+    finally:
+        probe.close()
+    raise AssertionError(f"{group} has not committed {topic} to its end ({committed} of {ends}) after {timeout_s}s")
+
+
 def wait_for_count(stack, topic: str, partitions: int, at_least: int, timeout_s: float = 60.0) -> int:
     probe = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "probe"})
     deadline = time.monotonic() + timeout_s
@@ -153,7 +174,7 @@ def test_kill_9_mid_stream_loses_nothing(stack, tmp_path):
         time.sleep(1)
         stop.set()
         feeder.join()
-        wait_for_count(stack, out, 3, at_least=len(expected), timeout_s=90)
+        wait_caught_up(stack, f"{prefix}.ingest", raw, 3)
     finally:
         stop.set()
         proc.send_signal(signal.SIGTERM)
