@@ -58,7 +58,7 @@ from rich.table import Table
 from streams.avro import topic_codec
 from streams.errors import StackError, TopologyError
 from streams.features.spec import load_feature_set
-from streams.launcher import Processors, high_watermarks, wait_quiet
+from streams.launcher import Processors, high_watermarks, uncommitted, wait_quiet
 from streams.namespace import namespaced
 from streams.plan import apply
 from streams.settings import StackSettings
@@ -482,22 +482,7 @@ class Campaign:
 
     def _short(self, group: str, ends: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         """The partitions ``group`` has not committed up to ``ends``, with how many records it is short."""
-        if not ends:
-            return {}
-        consumer = Consumer(self.stack.kafka.config({"group.id": group,
-                             "enable.auto.commit": False}))
-        try:
-            committed = consumer.committed(list(ends), timeout=10)
-        finally:
-            consumer.close()
-        # exactly-once: a transaction's commit marker follows its last record, one offset the group never commits
-        slack = 1 if self.exactly_once else 0
-        short = {}
-        for tp in committed:
-            end = ends[TopicPartition(tp.topic, tp.partition)]
-            if tp.offset < end - slack:
-                short[TopicPartition(tp.topic, tp.partition)] = end - max(tp.offset, 0)
-        return short
+        return uncommitted(self.stack, group, ends, slack=1 if self.exactly_once else 0)
 
     # -- accounting ------------------------------------------------------------------------------
     def _account(self, load: _Load) -> Accounting:

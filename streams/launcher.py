@@ -263,6 +263,25 @@ def high_watermarks(consumer: Consumer, topology: Topology, topics: list[str] | 
     return out
 
 
+def uncommitted(settings: StackSettings, group: str, ends: dict[TopicPartition, int],
+                slack: int = 0) -> dict[TopicPartition, int]:
+    """The partitions ``group`` has not committed up to ``ends`` (less ``slack``: exactly-once, the commit marker
+    after a transaction's last record is an offset no group commits), with how many records it is short."""
+    if not ends:
+        return {}
+    consumer = Consumer(settings.kafka.config({"group.id": group, "enable.auto.commit": False}))
+    try:
+        committed = consumer.committed(list(ends), timeout=10)
+    finally:
+        consumer.close()
+    short = {}
+    for tp in committed:
+        end = ends[TopicPartition(tp.topic, tp.partition)]
+        if tp.offset < end - slack:
+            short[TopicPartition(tp.topic, tp.partition)] = end - max(tp.offset, 0)
+    return short
+
+
 def quiet_period_s(topology: Topology, floor_s: float = 3.0) -> float:
     """How long the topics may stay still while a processor is still busy: its longest declared call deadline.
 

@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from reference import REPO as PROJECT_ROOT
 from streams.avro import codec
+from streams.launcher import high_watermarks, uncommitted
 from streams.testing import read_rows
 from streams.plan import apply
 from streams.run import make_runner
@@ -37,25 +38,25 @@ def read_all(stack, topic: str, partitions: int, idle_s: float = 2.0, timeout_s:
     return read_rows(stack.kafka, topic, None, partitions, idle_s, timeout_s)
 
 
-def wait_caught_up(stack, group: str, topic: str, partitions: int, timeout_s: float = 90.0) -> None:
+def wait_caught_up(stack, topology, group: str, topic: str, timeout_s: float = 90.0) -> None:
     """Until ``group`` has committed ``topic`` to its end: every record read, its outputs acknowledged (the loop
     commits only then). A count of the outputs cannot say so after kills: re-delivered duplicates add to it."""
-    probe = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": group})
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    probe = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "probe"})
     deadline = time.monotonic() + timeout_s
+    short: dict | str = "not asked yet"
     try:
         while time.monotonic() < deadline:
             try:
-                ends = [probe.get_watermark_offsets(tp, timeout=5)[1] for tp in tps]
-                committed = [tp.offset for tp in probe.committed(tps, timeout=5)]
-            except KafkaException:  # e.g. the coordinator moving; ask again
-                committed, ends = [-1], [0]
-            if all(c >= e or e == 0 for c, e in zip(committed, ends)):  # an empty partition has no commit
+                ends = {tp: end for tp, end in high_watermarks(probe, topology, [topic], timeout_s=5).items() if end}
+                short = uncommitted(stack, group, ends)  # an empty partition has no commit: not asked
+            except KafkaException as exc:  # e.g. the coordinator moving; ask again
+                short = exc.args[0].str()
+            if not short:
                 return
             time.sleep(0.2)
     finally:
         probe.close()
-    raise AssertionError(f"{group} has not committed {topic} to its end ({committed} of {ends}) after {timeout_s}s")
+    raise AssertionError(f"{group} has not committed {topic} to its end after {timeout_s}s: short {short}")
 
 
 def wait_for_count(stack, topic: str, partitions: int, at_least: int, timeout_s: float = 60.0) -> int:
@@ -174,7 +175,7 @@ def test_kill_9_mid_stream_loses_nothing(stack, tmp_path):
         time.sleep(1)
         stop.set()
         feeder.join()
-        wait_caught_up(stack, f"{prefix}.ingest", raw, 3)
+        wait_caught_up(stack, topology, topology.group("ingest"), raw)
     finally:
         stop.set()
         proc.send_signal(signal.SIGTERM)
