@@ -12,6 +12,7 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from rich.console import Console
 from rich.table import Table
@@ -93,10 +94,20 @@ def up(settings: StackSettings, only: Sequence[str] | None = None) -> None:
 
 
 def down(settings: StackSettings, only: Sequence[str] | None = None) -> None:
-    """Stop the components in reverse dependency order (SIGTERM, then SIGKILL); data stays."""
-    for p in reversed(_select(settings, only)):
-        if not p.stop():
+    """Stop the components in reverse dependency order (SIGTERM, then SIGKILL); data stays.
+
+    Kafka's nodes stop together, last: a node stopped after the others has lost the controller quorum that
+    approves its controlled shutdown, and would wait out its stop timeout before being killed.
+    """
+    procs = list(reversed(_select(settings, only)))
+    nodes = [p for p in procs if p.component == "kafka"]
+    for p in procs:
+        if p.component != "kafka" and not p.stop():
             log.info("%s: not running", p.name)
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        for p, stopped in zip(nodes, pool.map(ManagedProcess.stop, nodes)):
+            if not stopped:
+                log.info("%s: not running", p.name)
 
 
 def status(settings: StackSettings, only: Sequence[str] | None = None) -> bool:
