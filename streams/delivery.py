@@ -509,6 +509,7 @@ class Runner:
             # librdkafka: a message may not outlive the transaction it belongs to.
             producer_conf["delivery.timeout.ms"] = min(producer_conf["delivery.timeout.ms"],
                                                        producer_conf["transaction.timeout.ms"])
+        self._owns_producer = producer is None  # closed with the loop; one handed in is its giver's to close
         self.producer = producer or Producer(producer_conf)
         self._failures: list[str] = []
         self._submitted: collections.deque[_Submitted] = collections.deque()  # submitted, outputs not produced yet
@@ -655,6 +656,8 @@ class Runner:
             self.processor.close()
         finally:
             self.producer.flush(self.config.delivery_timeout_s)
+            if self._owns_producer:  # its librdkafka threads end now, not whenever the object is collected
+                self.producer.close()
             self._commit_sync(list(self._committed))
             self.consumer.close()
             self.log.info("%s stopped", self.processor.name)

@@ -185,9 +185,10 @@ class StateTopic:
         return sorted(offsets)
 
     def close(self) -> None:
-        """Flush and drop the producer."""
+        """Flush and close the producer."""
         if self._producer is not None:
             self._producer.flush(self.timeout_s)
+            self._producer.close()
             self._producer = None
 
 

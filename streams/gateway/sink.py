@@ -99,5 +99,6 @@ class KafkaSink:
         remaining = self.producer.flush(self.delivery_timeout_s)
         self._stop.set()
         self._thread.join(5)
+        self.producer.close()
         if remaining:
             log.error("%s: %d records still unacknowledged at close", self.name, remaining)
