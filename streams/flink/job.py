@@ -13,9 +13,11 @@ generated from the feature-set declaration:
 2. **Lateness, as the embedded engine decides it**: a partition's stream time is the running maximum of
    the event times read from it (``MAX(ts) OVER (PARTITION BY partition ORDER BY proctime)``, the
    partition's order); a reading whose window ends at or before stream time minus the allowed lateness
-   is late — to the DLQ with reason ``late``, never dropped. The rest can never be late for Flink's
-   window operator: its watermark is at most any partition's stream time minus lateness minus 1 ms, so
-   no accepted reading arrives after its window fired (Flink's own late-row dropping never triggers).
+   is late — to the DLQ with reason ``late``, never dropped (an undecodable value, with no event time, takes
+   the same path to the DLQ as ``undecodable``: the source feeds that one operator). The rest can never be
+   late for Flink's window operator: its watermark is at most any partition's stream time minus lateness
+   minus 1 ms, so no accepted reading arrives after its window fired (Flink's own late-row dropping never
+   triggers).
 3. **Windows**: Flink's tumbling window TVF, keyed by entity, with built-in aggregates: ``COUNT``,
    ``AVG``, ``MIN``, ``MAX``, ``SUM`` (the population standard deviation from the sums of values and of
    squares), ``LAST_VALUE`` (the newest reading's trace headers), and ``ARRAY_AGG`` of the event times and
@@ -189,18 +191,21 @@ def queries(fs: FeatureSet, source_topic: str, online: bool, table_topic: str | 
     entity table's topic the job reads, named in the dead letters of unknown entities)."""
     w = fs.window
     key, ts = fs.entity.join_key, fs.source.timestamp_field
-    readings = (f"SELECT k, v, headers, p, o, r, et, r.`{ts}` AS ts, "
+    # every record, the undecodable ones too (no event time: they move no partition's stream time): the source then
+    # feeds one operator, not a second filter evaluated on every record in its thread for the rare undecodable one
+    readings = (f"SELECT k, v, headers, p, o, r, et, r.`{ts}` AS ts, r IS NULL AS undecodable, "
                 f"MAX(r.`{ts}`) OVER (PARTITION BY p ORDER BY proc ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) "
-                f"AS stream_time FROM source WHERE r IS NOT NULL")
+                f"AS stream_time FROM source")
     late = f"ts - MOD(ts, {w.size_ms}) + {w.size_ms + w.allowed_lateness_ms} <= stream_time"
+    timely = f"NOT undecodable AND NOT ({late})"
     columns = ", ".join(f"r.`{name}` AS `{name}`" for name in fs.inputs)
-    accepted = f"SELECT r.`{key}` AS `{key}`, et, ts, headers, {columns} FROM readings WHERE NOT ({late})"
+    accepted = f"SELECT r.`{key}` AS `{key}`, et, ts, headers, {columns} FROM readings WHERE {timely}"
     enrichment, views = fs.enrichment, []
     if enrichment is not None:
         # lateness first, as the embedded engine decides it; then each reading joins the version of its entity in
         # effect at its event time (an event-time temporal join), is dead-lettered unknown, filtered, or filled
         on_time = (f"SELECT k, v, headers, p, o, r.`{key}` AS `{key}`, et, ts, {columns} "
-                   f"FROM readings WHERE NOT ({late})")
+                   f"FROM readings WHERE {timely}")
         unknown = "FALSE" if enrichment.missing == "defaults" else "t.a IS NULL"  # none yet, or a tombstone
         kept = " AND ".join(f"{_attribute(fs, name, 't')} IN ({', '.join(_literal(v) for v in values)})"
                             for name, values in enrichment.keep.items()) or "TRUE"
@@ -261,10 +266,12 @@ def queries(fs: FeatureSet, source_topic: str, online: bool, table_topic: str | 
             f"'dlq.source_partition', CAST(CAST(p AS STRING) AS BYTES), "
             f"'dlq.source_offset', CAST(CAST(o AS STRING) AS BYTES), "
             f"'dlq.failed_ms', CAST(CAST(UNIX_TIMESTAMP() * 1000 AS STRING) AS BYTES)]")
-    rejected = (f"SELECT k, v, headers, p, o, 'late' AS reason, CONCAT('reading at ', CAST(ts AS STRING), "
-                f"' is late: its windows are already closed') AS message FROM readings WHERE {late} "
-                f"UNION ALL SELECT k, v, headers, p, o, 'undecodable' AS reason, "
-                f"'not Confluent-framed Avro of the source schema' AS message FROM source WHERE r IS NULL")
+    # one select for both reasons: one more operator on the readings, not two
+    rejected = (f"SELECT k, v, headers, p, o, CASE WHEN undecodable THEN CAST('undecodable' AS STRING) "
+                f"ELSE CAST('late' AS STRING) END AS reason, "
+                f"CASE WHEN undecodable THEN 'not Confluent-framed Avro of the source schema' ELSE CONCAT("
+                f"'reading at ', CAST(ts AS STRING), ' is late: its windows are already closed') END AS message "
+                f"FROM readings WHERE undecodable OR ({late})")
     if enrichment is not None:  # the embedded engine's words: <key> <entity> has no version in table <t> at <ts>
         rejected += (" UNION ALL SELECT k, v, headers, p, o, 'unknown_entity' AS reason, "
                      f"CONCAT('{key} ', `{key}`, ' has no version in table {_quote(table_topic or enrichment.table)} at ', "
