@@ -197,6 +197,10 @@ class _Load(threading.Thread):
         left = self.producer.flush(120)
         if left:
             self.failed.append(f"{left} records not acknowledged 120 s after the load stopped")
+        if not self.is_alive():
+            # its on_delivery is a bound method of this load: a cycle through the C object that is never
+            # collected, so the producer would go on reconnecting to a stopped stack in the caller's process
+            self.producer.close()
 
 
 def _event_id(value: bytes | None) -> str:
@@ -465,8 +469,9 @@ class Campaign:
                     for name, spec in topology.processors.items():
                         ends = high_watermarks(self.probe, topology, list(spec.inputs), timeout_s=5)
                         targets[name] = {tp: end for tp, end in ends.items() if end > 0}
+                slack = 1 if self.exactly_once else 0  # a transaction's commit marker takes an offset
                 self.behind = [f"{name} {tp.topic}[{tp.partition}] by {short}" for name, ends in targets.items()
-                               for tp, short in self._short(topology.group(name), ends).items()]
+                               for tp, short in uncommitted(self.stack, topology.group(name), ends, slack).items()]
                 if not self.behind:
                     return time.monotonic() - since
             except KafkaException as exc:
@@ -479,10 +484,6 @@ class Campaign:
                 self.probe = self._new_probe()
             time.sleep(0.5)
         return None
-
-    def _short(self, group: str, ends: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """The partitions ``group`` has not committed up to ``ends``, with how many records it is short."""
-        return uncommitted(self.stack, group, ends, slack=1 if self.exactly_once else 0)
 
     # -- accounting ------------------------------------------------------------------------------
     def _account(self, load: _Load) -> Accounting:

@@ -276,9 +276,9 @@ def uncommitted(settings: StackSettings, group: str, ends: dict[TopicPartition, 
         consumer.close()
     short = {}
     for tp in committed:
-        end = ends[TopicPartition(tp.topic, tp.partition)]
-        if tp.offset < end - slack:
-            short[TopicPartition(tp.topic, tp.partition)] = end - max(tp.offset, 0)
+        key = TopicPartition(tp.topic, tp.partition)
+        if tp.offset < ends[key] - slack:
+            short[key] = ends[key] - max(tp.offset, 0)
     return short
 
 
