@@ -22,6 +22,7 @@ yields the operator's settings. Only the tests that ask for it start it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import subprocess
 from collections.abc import Iterator
@@ -142,4 +143,7 @@ def _running(settings: StackSettings, components: list[str]) -> Iterator[StackSe
     try:
         yield settings
     finally:
+        # clients left in reference cycles by the tests are freed while their broker still answers; after
+        # `down` they would go on reconnecting to it ("Connection refused") until the interpreter exits
+        gc.collect()
         down(settings, only=components)
