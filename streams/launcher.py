@@ -277,8 +277,9 @@ def uncommitted(settings: StackSettings, group: str, ends: dict[TopicPartition, 
     short = {}
     for tp in committed:
         key = TopicPartition(tp.topic, tp.partition)
-        if tp.offset < ends[key] - slack:
-            short[key] = ends[key] - max(tp.offset, 0)
+        end = ends[key]
+        if tp.offset < end - slack:
+            short[key] = end - max(tp.offset, 0)
     return short
 
 
