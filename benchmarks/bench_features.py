@@ -144,6 +144,7 @@ def embedded(topology: Topology, stack: StackSettings, n: int) -> tuple[Run, int
     """The features processor in its delivery loop, in this process, until it has read ``n`` readings: its rate
     and CPU per reading from the first batch, and the windows it emitted."""
     runner = make_runner(topology, "features", stack)
+    runner.freeze_heap = True  # the stage timed as `tangram run` runs it
     process, state = runner.processor.process, {"done": 0, "started": None, "cpu": 0.0, "windows": 0}
 
     def counted(batch):

@@ -181,6 +181,7 @@ def run_worker(stack: StackSettings, topics: dict[str, str], size: int, rows: in
     runner = Runner(timed, RunnerConfig(kafka=stack.kafka, group_id=f"bench-{uuid.uuid4().hex}",
                                         inputs=(topics["in"],), batch_size=size, max_wait_ms=500,
                                         exactly_once=exactly_once))
+    runner.freeze_heap = True  # the stage timed as `tangram run` runs it
     timed.runner = runner
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()

@@ -106,6 +106,7 @@ def raw_loop(stack: StackSettings, source: str, sink: str, n: int) -> float:
 def validation_path(stack: StackSettings, topology_path: Path, n: int) -> float:
     """The ingest processor in its delivery loop; records/s from the first batch."""
     runner = make_runner(load_topology(topology_path), "ingest", stack)
+    runner.freeze_heap = True  # the stage timed as `tangram run` runs it
     process, state = runner.processor.process, {"done": 0, "started": None}
 
     def counted(batch):

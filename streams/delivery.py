@@ -525,6 +525,12 @@ class Runner:
         self._owned: set[tuple[str, int]] = set()
         self._backoff_s = config.backoff_initial_s
         self._watchdog: Watchdog | None = None  # set for a processor that is a process of its own
+        #: Freeze the heap after setup (``gc.freeze``): for a loop that is its process's own work (``tangram run``,
+        #: a benchmark's timed stage). What setup built (modules, clients, models) then lives as long as the process
+        #: outside the collector's scans, which otherwise grow with it and show up as pauses on the hot path. Left
+        #: off for a loop embedded in a longer-lived process (tests, an application's threads): a freeze keeps
+        #: everything of that process alive at that moment for good, cyclic garbage and its Kafka clients included.
+        self.freeze_heap = False
         #: Partition assignments received (one per rebalance this member took part in).
         self.assignments = 0
         #: Batches put back after a BackpressureError, and seconds spent paused.
@@ -548,9 +554,8 @@ class Runner:
     def run(self, max_batches: int | None = None) -> None:
         cfg = self.config
         self.processor.setup()
-        # What exists now (modules, clients, models) lives as long as the process: keep it out of the
-        # collector's scans, which otherwise grow with it and show up as pauses on the hot path.
-        gc.freeze()
+        if self.freeze_heap:
+            gc.freeze()
         if cfg.exactly_once:
             self.producer.init_transactions(cfg.delivery_timeout_s)
         self.consumer.subscribe(list(cfg.inputs), on_assign=self._on_assign, on_revoke=self._on_revoke,

@@ -73,6 +73,7 @@ def run(topology_path: str | Path, name: str, stack: StackSettings, metrics_port
     runner = make_runner(topology, name, stack)
     runner.install_signal_handlers()
     runner.end_when_stuck()
+    runner.freeze_heap = True
     if metrics_port:
         start_http_server(metrics_port, addr=stack.host)
         log.info("%s: metrics on http://%s:%d/metrics", name, stack.host, metrics_port)

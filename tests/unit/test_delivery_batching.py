@@ -227,3 +227,37 @@ def test_a_processor_that_reads_few_headers_gets_them_lazily_with_the_same_value
     runner.run(max_batches=1)
     assert lazy.seen == [(MessageHeaders, {"trace_id": b"t1"}), (MessageHeaders, {})]
     assert consumer.committed == {("in", 0): 2}
+
+
+class _Node:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_a_loop_embedded_in_a_process_leaves_its_garbage_collectable_and_a_process_of_its_own_freezes_its_heap():
+    import gc
+    import weakref
+
+    assert gc.get_freeze_count() == 0
+    # embedded (a test, an application's thread): the cycle that is garbage by then is still collected afterwards
+    runner, copy, consumer, producer = loop()
+    consumer.arrive("in", 0, [b"a"], at=0.010)
+    node = _Node()
+    gone = weakref.ref(node)
+    runner.run(max_batches=1)
+    assert gc.get_freeze_count() == 0
+    del node
+    gc.collect()
+    assert gone() is None and [value for _, value, _ in producer.acked] == [b"a"]
+
+    # a process of its own (`tangram run` sets it): what setup built is frozen out of the collector's scans
+    runner, copy, consumer, producer = loop()
+    runner.freeze_heap = True
+    consumer.arrive("in", 0, [b"b"], at=0.010)
+    try:
+        runner.run(max_batches=1)
+        assert gc.get_freeze_count() > 0 and [value for _, value, _ in producer.acked] == [b"b"]
+    finally:
+        gc.unfreeze()
