@@ -11,14 +11,13 @@ about one entity at one time: the declared ``entity_field`` and ``time_field`` o
 * **L2**: each feature window is evaluated by the L2 rules — features only, no model;
 * **L3**: each feature window yields the declared safe default.
 
-An action also carries every other field its schema shares with the record it decided on (the
-document's extracted fields, say), so a subscriber sees what was decided on without a join.
-
 Of the matching rules of one action type, the highest-priority one fires; a cooldown per entity
-and action type (event time) and a per-window dedup hold back repeats. Every action names the
-rule, its inputs, the model versions, the rule-set version and the level in effect, with a
-deterministic ``event_id``. One entity window is decided on one path: a window decided without
-the model is not decided again by a late prediction, and the other way round.
+and action type (event time) and a per-window dedup hold back repeats, and one entity window is
+decided on one path: a window decided without the model is not decided again by a late
+prediction, and the other way round (:mod:`streams.rules.memory`). Every action names the rule,
+its inputs, the model versions, the rule-set version and the level in effect, with a
+deterministic ``event_id``, and carries every other field its schema shares with the record it
+decided on (:mod:`streams.rules.actions`).
 
 Live config (``ConfigSubscriber``): ``business-rule/<rule_set>`` replaces the topology's rules
 and ``feature-switch/degradation.level`` is the manual level; both apply at the next micro-batch
@@ -42,7 +41,6 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from collections import OrderedDict
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -57,14 +55,16 @@ from streams.avro import AvroCodec
 from streams.columnar import MapColumn
 from streams.wire import WireFormatError
 from streams.context import BuildContext
-from streams.delivery import H_EVENT_ID, H_TRACE_ID, Output, Processor, Record, carry_headers, dead_letter
+from streams.delivery import Output, Processor, Record, dead_letter
 from streams.errors import ServiceUnavailableError, TangramError, TopologyError
 from streams.features.layout import FeastLayout
 from streams.features import online_layout
 from streams.features.online import OnlineRows, read_online_rows
 from streams.rules.degradation import GoldenSignals, LevelController
-from streams.rules.engine import CompiledRule, RuleBook, action_id
+from streams.rules.actions import Actions
+from streams.rules.engine import CompiledRule, RuleBook
 from streams.rules.fusion import Fused, Fusion
+from streams.rules.memory import DecisionMemory
 from streams.resilience import REDIS_FAILURES, Guard
 from streams.rules.spec import Level, RuleSpec, RuleSetValue, RulesSettings
 from streams.rules.vector import Column, column
@@ -89,7 +89,6 @@ ROW_WAITS = Counter("tangram_rules_online_row_waits_total", "Batches that waited
                     "outcome (landed, waited_out).", ["processor", "outcome"])
 
 ROW_POLL_S = 0.005  # how often a batch waiting for online rows reads the missing ones again
-_DECIDED_MAX = 200_000  # entity windows remembered for one-path-per-window
 _ROWLESS_MAX = 100_000  # entities remembered as waited out for their first online row
 
 
@@ -125,15 +124,8 @@ class RuleProcessor(Processor):
         except TopologyError as exc:
             raise TopologyError(f"rule processor {processor!r}: {exc}") from None
         self.book = RuleBook.build(settings.rules, "topology", 0, self.topics)
-        # fields an action carries from the record it decided on: those its schema shares with the inputs' schemas
-        inputs = {f.get("name") for c in input_codecs.values() for f in c.schema_json.get("fields", [])}
-        self.carried = {t: [n for f in c.schema_json.get("fields", []) if (n := f.get("name")) in inputs]
-                        for t, c in output_codecs.items()}
-        # what an action reads of the prediction it fires on (``_action``): a batch decoded as columns holds them,
-        # so a firing needs no decode of its record of its own
-        self.action_reads = frozenset({self.entity, self.time, "label", "score", "model_name", "model_version",
-                                       "model_versions", "trace_id", *(n for names in self.carried.values()
-                                                                        for n in names)} & self.prediction_fields)
+        self.actions = Actions(self.entity, self.time, input_codecs, output_codecs, settings.fusion)
+        self.action_reads = self.actions.reads(self.prediction_fields)  # a batch decoded as columns holds them
         spec = settings.degradation
         self.rule_set_key = settings.rule_set or f"{app}.{processor}"
         self.redis_guard = redis_guard
@@ -144,9 +136,7 @@ class RuleProcessor(Processor):
         self.signals = GoldenSignals(spec)
         self.levels = LevelController(spec, processor, settings.degradation_level)
         self.fusion = Fusion(settings.fusion, lambda p: (p[self.entity], p[self.time])) if settings.fusion else None
-        self._last_fired: dict[tuple[str, str], int] = {}  # (entity, action) → time of the last firing
-        self._fired_windows: dict[tuple[str, str], int] = {}  # (entity, rule) → time it last fired on
-        self._decided: OrderedDict[tuple[str, int], bool] = OrderedDict()  # entity window → decided by the model?
+        self.memory = DecisionMemory()  # one path per entity window; repeats and cooldowns
         self._reads: dict[tuple[CompiledRule, ...], FeastLayout | None] = {}  # rules → the online fields they read
         self._lock = threading.Lock()
         self._next_book: RuleBook | None = None
@@ -442,18 +432,9 @@ class RuleProcessor(Processor):
     def _not_decided_otherwise(self, inputs: "_Inputs", by_model: bool) -> list[int]:
         """The indexes of ``inputs`` to decide: each (entity, window end) is remembered with how it is decided,
         and one already decided on the other path (by the model, or from the window alone) is skipped."""
-        decided, todo, skipped = self._decided, [], 0
-        for i, key in enumerate(zip(inputs.entities, inputs.times)):
-            before = decided.get(key)
-            if before is not None and before != by_model:
-                skipped += 1
-                continue
-            decided[key] = by_model
-            todo.append(i)
+        todo, skipped = self.memory.claim(zip(inputs.entities, inputs.times), by_model)
         if skipped:
             SKIPPED.labels(self.name, "decided_other_path").inc(skipped)
-        while len(decided) > _DECIDED_MAX:
-            decided.popitem(last=False)
         return todo
 
     @staticmethod
@@ -589,33 +570,16 @@ class RuleProcessor(Processor):
         return self._held_back(spec.name, spec.action, entity, end, cooldown)
 
     def _held_back(self, name: str, action: str, entity: str, end: int, cooldown_ms: int) -> bool:
-        if self._fired_windows.get((entity, name)) == end:
-            _child(SUPPRESSED, self.name, name, "duplicate").inc()
-            return True
-        last = self._last_fired.get((entity, action))
-        if last is not None and 0 <= end - last < cooldown_ms:
-            _child(SUPPRESSED, self.name, name, "cooldown").inc()
-            return True
-        self._last_fired[(entity, action)] = end
-        self._fired_windows[(entity, name)] = end
-        return False
+        why = self.memory.held_back(name, action, entity, end, cooldown_ms)
+        if why is not None:
+            _child(SUPPRESSED, self.name, name, why).inc()
+        return why is not None
 
     def _fire(self, rule: CompiledRule, record: Record, value: dict, context: dict, level: Level,
               missing: tuple[str, ...]) -> Output:
         """The action of ``rule`` firing on ``value`` (not held back: see :meth:`_rule_held_back`)."""
-        spec = rule.spec
-        inputs = {s: float(context[s]) for s in rule.symbols
-                  if isinstance(context.get(s), (int, float)) and not isinstance(context.get(s), bool)}
-        shown = ", ".join(f"{s}={context[s]:.4g}" if isinstance(context[s], float) else f"{s}={context[s]!r}"
-                          for s in rule.symbols if s in context)
-        reason = f"{spec.when} with {shown}"
-        if "model_versions" in value and len(value["model_versions"]) > 1 or missing:
-            method = self.settings.fusion.method if self.settings.fusion else ""
-            reason += f" (fused {method} of {value['model_name']}" + (
-                f"; missing {', '.join(missing)} after {self.settings.fusion.wait_ms} ms)" if missing else ")")
-        if level == "L2":
-            reason += " (degradation L2: features only, no model)"
-        return self._action(spec.name, spec.action, rule.topic, record, value, reason, inputs, level, missing)
+        _child(FIRED, self.name, rule.spec.name, level).inc()
+        return self.actions.fired(rule, rule.topic, record, value, context, level, missing, self.book.source)
 
     def _safe_default(self, record: Record, window: dict) -> Output | None:
         safe = self.settings.degradation.safe_default
@@ -623,37 +587,9 @@ class RuleProcessor(Processor):
         if self._held_back("safe_default", safe.action, window[self.entity], window[self.time],
                            self.settings.cooldown_ms):
             return None
-        return self._action("safe_default", safe.action, self.safe_topic, record, window, safe.reason, {}, "L3", ())
-
-    def _action(self, rule: str, action_type: str, topic: str, record: Record, value: dict, reason: str,
-                inputs: dict[str, float], level: Level, missing: tuple[str, ...]) -> Output:
-        entity, end = value[self.entity], value[self.time]
-        has_model = "model_name" in value
-        action: dict[str, Any] = {
-            "event_id": action_id(rule, entity, end),
-            "action_type": action_type,
-            self.entity: entity,
-            "rule": rule,
-            "reason": reason,
-            "inputs": inputs,
-            "label": value.get("label", "") if has_model else "",
-            "score": float(value.get("score", 0.0)) if has_model else 0.0,
-            "model_name": value.get("model_name", ""),
-            "model_version": value.get("model_version", ""),
-            "model_versions": value.get("model_versions") or (
-                {value["model_name"]: value["model_version"]} if has_model else {}),
-            "missing_models": list(missing),
-            "rule_set": self.book.source if rule != "safe_default" else "degradation.safe_default",
-            self.time: end,
-            "degradation_level": level,
-            "trace_id": value.get("trace_id") or record.header(H_TRACE_ID),
-        }
-        for name in self.carried[topic]:
-            if name not in action and name in value:
-                action[name] = value[name]
-        _child(FIRED, self.name, rule, level).inc()
-        headers = carry_headers(record, **{H_EVENT_ID: action["event_id"]})
-        return Output(topic, entity, self.output_codecs[topic].encode(action), headers)
+        _child(FIRED, self.name, "safe_default", "L3").inc()
+        return self.actions.action("safe_default", safe.action, self.safe_topic, record, window, safe.reason, {}, "L3",
+                                   (), "degradation.safe_default")
 
 
 class _Inputs:

@@ -167,3 +167,35 @@ def test_an_action_carries_the_fields_its_schema_shares_with_the_record_it_decid
     decided = json.loads(out.value)
     assert decided["fields"] == {"name": "王芳"} and decided["doc_type"] == "id_card"
     assert decided["rule"] == "valid" and decided["action_type"] == "approve"
+    assert decided["event_id"] != "e1"  # its own id (rule, entity, time), not the prediction's
+
+
+def test_an_action_sets_exactly_its_own_fields_and_reads_only_what_it_writes():
+    """``OWN_FIELDS`` is what ``Actions.action`` writes before carrying anything: a same-named field of the record
+    is never carried over it, and what the rule processor decodes of a batch for its actions leaves the
+    prediction's ``event_id`` out (an action's id is its own)."""
+    from reference import load_schema
+    from streams.delivery import Record
+    from streams.rules.actions import OWN_FIELDS, Actions
+
+    class Codec:
+        def __init__(self, subject: str):
+            self.schema_json = load_schema(subject)
+            self.written: list[dict] = []
+
+        def encode(self, value: dict) -> bytes:
+            self.written.append(value)
+            return b""
+
+    prediction, alert = Codec("pm.predictions.anomaly-value"), Codec("pm.actions.alert-value")
+    actions = Actions("device_id", "window_end", {"pm.predictions.anomaly": prediction}, {"pm.actions.alert": alert})
+    assert actions.carried == {"pm.actions.alert": []}  # every field they share is one the action sets itself
+    record = Record("pm.predictions.anomaly", 0, 0, b"d1", b"", {}, 0)
+    value = {"device_id": "d1", "window_end": 5000, "label": "overheating", "score": 0.9, "model_name": "anomaly",
+             "model_version": "1", "trace_id": "t1", "event_id": "e1"}
+    actions.action("overheating", "alert", "pm.actions.alert", record, value, "why", {}, "L0", (), "topology")
+    [written] = alert.written
+    assert set(written) == OWN_FIELDS | {"device_id", "window_end"} and written["event_id"] != "e1"
+    fields = frozenset(f["name"] for f in prediction.schema_json["fields"])
+    assert actions.reads(fields) == {"device_id", "window_end", "label", "score", "model_name", "model_version",
+                                     "trace_id"}

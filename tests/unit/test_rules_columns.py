@@ -189,7 +189,7 @@ def test_a_prediction_whose_entity_has_no_online_row_yet_waits_for_it_then_is_de
     clock, slept, decided = [100.0], [], [0]
 
     def sleep(seconds: float) -> None:
-        assert len(rules._decided) == decided[0]  # nothing decided while the batch waits
+        assert rules.memory.windows == decided[0]  # nothing decided while the batch waits
         slept.append(seconds)
         clock[0] += seconds
         if len(slept) == 3:  # the feature stage wrote it meanwhile
@@ -205,7 +205,7 @@ def test_a_prediction_whose_entity_has_no_online_row_yet_waits_for_it_then_is_de
     assert {o.key for o in out if o.topic == TOPICS["review"]} == {"dev-1", "dev-2"}  # poor_data read the rows
     late = [r for r in predictions(40, 5, 8) if r.key == b"dev-4"]
     slept.clear()
-    decided[0] = len(rules._decided)
+    decided[0] = rules.memory.windows
     reasons = {o.headers.get("dlq.reason") for o in rules.process(late) if o.topic == "pm.dlq.rules"}
     assert reasons == {"rule_missing_input"} and sum(slept) == pytest.approx(2.0)  # waited out: decided without a row
     slept.clear()
