@@ -35,17 +35,14 @@ why; the record's other rules still decide.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import threading
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-import redis
 import rule_engine
 from confluent_kafka import TopicPartition
 import numpy as np
@@ -59,12 +56,13 @@ from streams.delivery import Output, Processor, Record, dead_letter
 from streams.errors import ServiceUnavailableError, TangramError, TopologyError
 from streams.features.layout import FeastLayout
 from streams.features import online_layout
-from streams.features.online import OnlineRows, read_online_rows
+from streams.features.online import OnlineRows
 from streams.rules.degradation import GoldenSignals, LevelController
 from streams.rules.actions import Actions
 from streams.rules.engine import CompiledRule, RuleBook
 from streams.rules.fusion import Fused, Fusion
 from streams.rules.memory import DecisionMemory
+from streams.rules.online_reads import OnlineReads
 from streams.resilience import REDIS_FAILURES, Guard
 from streams.rules.spec import Level, RuleSpec, RuleSetValue, RulesSettings
 from streams.rules.vector import Column, column
@@ -85,11 +83,7 @@ FUSIONS = Counter("tangram_rules_fusions_total", "Fused groups, by outcome (comp
                   ["processor", "outcome"])
 SKIPPED = Counter("tangram_rules_skipped_total", "Records not decided, by why (decided_other_path, late_member, level).",
                   ["processor", "why"])
-ROW_WAITS = Counter("tangram_rules_online_row_waits_total", "Batches that waited for an entity's first online row, by "
-                    "outcome (landed, waited_out).", ["processor", "outcome"])
 
-ROW_POLL_S = 0.005  # how often a batch waiting for online rows reads the missing ones again
-_ROWLESS_MAX = 100_000  # entities remembered as waited out for their first online row
 
 
 class RuleProcessor(Processor):
@@ -128,25 +122,20 @@ class RuleProcessor(Processor):
         self.action_reads = self.actions.reads(self.prediction_fields)  # a batch decoded as columns holds them
         spec = settings.degradation
         self.rule_set_key = settings.rule_set or f"{app}.{processor}"
-        self.redis_guard = redis_guard
-        timeout_s = redis_guard.timeout_s if redis_guard is not None else 5.0
-        self.redis = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         # the features processor's rows in Feast's Redis layout (its feature set, its Feast project); None: no reads
         self.features_layout = online
+        self.online = OnlineReads(processor, redis_url, online, self.prediction_fields, redis_guard,
+                                  settings.online_wait_ms) if online is not None else None
         self.signals = GoldenSignals(spec)
         self.levels = LevelController(spec, processor, settings.degradation_level)
         self.fusion = Fusion(settings.fusion, lambda p: (p[self.entity], p[self.time])) if settings.fusion else None
         self.memory = DecisionMemory()  # one path per entity window; repeats and cooldowns
-        self._reads: dict[tuple[CompiledRule, ...], FeastLayout | None] = {}  # rules → the online fields they read
         self._lock = threading.Lock()
         self._next_book: RuleBook | None = None
         self._next_manual: Level | None = None
         self.config = None
         self._rule_value: Any = None  # the config center's value of the rule set now in effect
         self._online: Mapping[str, dict] = {}  # entity → online features, read for the batch being decided
-        self._reader: ThreadPoolExecutor | None = None  # the online-store reads of submitted batches, in order
-        self._rowless: dict[str, float] = {}  # entity → when a batch first found it without online features
-        self.clock, self.sleep = time.monotonic, time.sleep  # (replaced in tests)
         RULE_SET_VERSION.labels(processor).set(0)
 
     @classmethod
@@ -161,11 +150,8 @@ class RuleProcessor(Processor):
 
     # -- lifecycle ---------------------------------------------------------------------
     def setup(self) -> None:
-        if self.features_layout is not None:
-            try:
-                self._redis(self.redis.ping)
-            except ServiceUnavailableError as exc:  # the first batch that needs it waits for it (backpressure)
-                log.warning("%s: online store not reachable at start: %s", self.name, exc)
+        if self.online is not None:
+            self.online.setup()
         if self.settings.live_config and self.kafka:
             from streams.config_center import ConfigSubscriber
             from streams.statelog import StateTopic
@@ -182,20 +168,13 @@ class RuleProcessor(Processor):
 
     def ready(self) -> bool:
         """After a backpressure: whether Redis answers (no call while its breaker is open)."""
-        if self.features_layout is None or self.redis_guard is None:
-            return True
-        return self.redis_guard.probe(self.redis.ping)
-
-    def _redis(self, call, *args):
-        """One Redis call through the processor's guard (deadline, retries, breaker)."""
-        return self.redis_guard.call(call, *args) if self.redis_guard is not None else call(*args)
+        return self.online is None or self.online.ready()
 
     def close(self) -> None:
         if self.config is not None:
             self.config.stop()
-        if self._reader is not None:
-            self._reader.shutdown(wait=True)
-        self.redis.close()
+        if self.online is not None:
+            self.online.close()
 
     def committable(self, partition: TopicPartition) -> int | None:
         return self.fusion.committable(partition.topic, partition.partition) if self.fusion else None
@@ -244,7 +223,8 @@ class RuleProcessor(Processor):
         if book is not None:
             log.info("%s: rule set %s → %s (%d rules)", self.name, self.book.source, book.source, len(book.rules))
             self.book = book
-            self._reads.clear()
+            if self.online is not None:
+                self.online.forget()
             RELOADS.labels(self.name, "applied").inc()
             RULE_SET_VERSION.labels(self.name).set(book.version)
         if manual is not None and manual != self.levels.manual:
@@ -261,10 +241,8 @@ class RuleProcessor(Processor):
         outputs: list[Output] = []
         predictions, windows = self._split(batch, outputs)
         pending = None
-        if predictions.entities and self.features_layout is not None:
-            if self._reader is None:
-                self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-online")
-            pending = self._reader.submit(self._read_online, predictions.entities)
+        if predictions.entities and self.online is not None:
+            pending = self.online.submit(self._read_online, predictions.entities)
         return functools.partial(self._decide, batch, self.book, outputs, predictions, windows, pending)
 
     def _decide(self, batch: list[Record], book: RuleBook, outputs: list[Output], predictions: "_Inputs",
@@ -276,7 +254,9 @@ class RuleProcessor(Processor):
         online = pending.result() if pending is not None else {}
         if fused := [e for e in self._fusion_pending() if e not in online]:  # groups that waited since: read too
             online = self._read_online(predictions.entities + fused)
-        self._online = online = self._wait_for_rows(online)
+        if self.online is not None:
+            online = self.online.wait_for_rows(online, self._read_online)
+        self._online = online
         self.signals.predictions(predictions.entities, predictions.times, predictions.inference_ms)
         for entity, end in zip(windows.entities, windows.times):
             self.signals.window(entity, end)
@@ -290,44 +270,6 @@ class RuleProcessor(Processor):
         outputs += self._expire(level)
         self._online = {}
         return outputs
-
-    def _wait_for_rows(self, online: Mapping[str, dict]) -> Mapping[str, dict]:
-        """The batch's online rows once every entity it decides on has one, or has waited ``online_wait_ms`` for it
-        from the first batch that found it without. The feature stage writes a window's row once the broker has
-        acknowledged its whole batch of windows, so the window's prediction often comes first (a device's first
-        window; a partition led by a failing broker, where a chaos run dead-lettered the first predictions of two
-        devices). Only the missing entities are read again, every ``ROW_POLL_S``: the batch waits no longer than
-        the row takes to land. Past the wait it is decided without them (``rule_missing_input``), and so are later
-        batches' predictions of those entities until a row of theirs is seen. Nothing changes state before this
-        returns; Redis failing meanwhile is backpressure, as for the first read."""
-        if not isinstance(online, OnlineRows) or not self.settings.online_wait_ms:
-            return online
-        rowless, since = online.unknown(), self._rowless
-        if since:
-            missing = set(rowless)
-            for entity in [e for e in online.entities if e in since and e not in missing]:
-                del since[entity]  # its row came
-        if not rowless:
-            return online
-        now, wait = self.clock(), self.settings.online_wait_ms / 1000
-        for entity in rowless:
-            since.setdefault(entity, now)
-        waited = False
-        while waiting := [e for e in rowless if now - since[e] < wait]:
-            self.sleep(min(ROW_POLL_S, min(since[e] for e in waiting) + wait - now))
-            again = self._read_online(waiting)
-            online = online.updated(again)
-            landed = set(waiting).difference(again.unknown())
-            rowless = [e for e in rowless if e not in landed]
-            for entity in landed:
-                del since[entity]
-            now, waited = self.clock(), True
-        # the rest waited out: decided without them, and later batches do not wait for them again until a row lands
-        while len(since) > _ROWLESS_MAX:
-            del since[next(iter(since))]  # the longest remembered
-        if waited:
-            ROW_WAITS.labels(self.name, "waited_out" if rowless else "landed").inc()
-        return online
 
     def _split(self, batch: list[Record], outputs: list[Output]) -> tuple[_Inputs, _Inputs]:
         """The batch's predictions and feature windows (an undecodable record is dead-lettered into ``outputs``)."""
@@ -379,14 +321,11 @@ class RuleProcessor(Processor):
         return [entity for entity, _ in self.fusion.groups]
 
     def _read_online(self, entities: list[str]) -> Mapping[str, dict]:
-        """The online features of ``entities`` (one read), when some rule may read them."""
-        if not entities:
+        """The online features of ``entities`` (one read) that the rules of the levels deciding with them (L0, L1)
+        read."""
+        if self.online is None:
             return {}
-        # the fields the rules of the levels that decide with the online features read (L0, L1), narrowed
-        reads = self._online_reads(tuple(dict.fromkeys((*self.book.at("L0"), *self.book.at("L1")))))
-        if reads is None:
-            return {}
-        return self._redis(read_online_rows, self.redis, list(dict.fromkeys(entities)), reads)
+        return self.online.read(entities, tuple(dict.fromkeys((*self.book.at("L0"), *self.book.at("L1")))))
 
     def _expire(self, level: Level) -> list[Output]:
         if self.fusion is None or not self.fusion.groups:
@@ -550,18 +489,8 @@ class RuleProcessor(Processor):
         return columns
 
     def _online_reads(self, rules: tuple[CompiledRule, ...]) -> FeastLayout | None:
-        """The online-store layout narrowed to the features ``rules`` read that a prediction does not carry
-        (None: nothing to read). A row is read whole only when the rules read all of it."""
-        if rules not in self._reads:
-            layout = self.features_layout
-            needed = {s for r in rules for s in r.symbols} - self.prediction_fields
-            if layout is None or not needed & set(layout.fields):
-                self._reads[rules] = None
-            else:
-                self._reads[rules] = dataclasses.replace(
-                    layout, int_fields=tuple(f for f in layout.int_fields if f in needed or f == layout.event_time_field),
-                    double_fields=tuple(f for f in layout.double_fields if f in needed))
-        return self._reads[rules]
+        """The online fields ``rules`` read (None: none; see :meth:`OnlineReads.narrowed`)."""
+        return self.online.narrowed(rules) if self.online is not None else None
 
     def _rule_held_back(self, rule: CompiledRule, entity: str, end: int) -> bool:
         """Whether a firing of ``rule`` on ``entity`` at ``end`` is held back (a repeat, or in its cooldown)."""

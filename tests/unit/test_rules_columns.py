@@ -21,7 +21,8 @@ from streams.delivery import Record
 from streams.features.layout import FeastLayout
 from streams.features.online import OnlineRows
 from streams.rules import RuleSpec, RulesSettings
-from streams.rules.processor import ROW_POLL_S, RuleProcessor
+from streams.rules.online_reads import ROW_POLL_S
+from streams.rules.processor import RuleProcessor
 from streams.wire import parse
 
 SUBJECTS = ["pm.predictions.anomaly-value", "pm.features.device_window-value", "pm.actions.maintenance-value",
@@ -196,12 +197,12 @@ def test_a_prediction_whose_entity_has_no_online_row_yet_waits_for_it_then_is_de
             rules.table["dev-2"] = {"window_end": 5000, "missing_rate": 0.9}
 
     rules = Processor({"dev-1": {"window_end": 5000, "missing_rate": 0.9}}, online_wait_ms=2000)
-    rules.clock, rules.sleep = (lambda: clock[0]), sleep
+    rules.online.clock, rules.online.sleep = (lambda: clock[0]), sleep
     batch = [r for r in predictions(40, 3, 7) if r.key in (b"dev-1", b"dev-2")]
     out = rules.process(batch)
     assert slept == [ROW_POLL_S] * 3  # no longer than the row took
     missing = [o for o in out if o.headers.get("dlq.reason") == "rule_missing_input"]  # (a NaN confidence: unevaluable)
-    assert not missing and rules._rowless == {}
+    assert not missing and rules.online.rowless == {}
     assert {o.key for o in out if o.topic == TOPICS["review"]} == {"dev-1", "dev-2"}  # poor_data read the rows
     late = [r for r in predictions(40, 5, 8) if r.key == b"dev-4"]
     slept.clear()
@@ -214,4 +215,4 @@ def test_a_prediction_whose_entity_has_no_online_row_yet_waits_for_it_then_is_de
     assert reasons == {"rule_missing_input"} and not slept  # not waited for again
     rules.table["dev-4"] = {"window_end": 5000, "missing_rate": 0.9}
     rules.process([r for r in predictions(40, 5, 10) if r.key == b"dev-4"])
-    assert rules._rowless == {}  # its row landed: a later absence (say, its key expired) is waited for again
+    assert rules.online.rowless == {}  # its row landed: a later absence (say, its key expired) is waited for again
