@@ -108,3 +108,13 @@ def test_down_and_status_see_every_node_of_a_three_node_home_without_being_told(
     plain = StackSettings(home=tmp_path, kafka_brokers=1)  # as without TANGRAM_KAFKA_BROKERS
     assert kafka.node_count(plain) == 3
     assert [p.name for p in components.build(plain) if p.component == "kafka"] == ["kafka", "kafka-2", "kafka-3"]
+
+
+def test_the_stack_redis_persists_by_its_append_only_file_alone(tmp_path):
+    """AOF on, RDB snapshots off: a snapshot would fork and rewrite the whole online store beside the AOF."""
+    from streams.stack import components
+
+    [redis_server] = [p for p in components.build(StackSettings(home=tmp_path)) if p.component == "redis"]
+    argv = redis_server.argv()
+    options = dict(zip(argv[1::2], argv[2::2]))
+    assert options["--appendonly"] == "yes" and options["--save"] == ""
