@@ -218,6 +218,7 @@ def test_passwords_are_references_and_grafana_has_no_anonymous_admin():
     redis_password = services["redis"]["environment"]["REDIS_PASSWORD"]
     assert SECRET_REF.match(redis_password)
     assert "--requirepass" in services["redis"]["command"][-1]
+    assert "--appendonly yes --save ''" in services["redis"]["command"][-1]  # the AOF alone: no RDB fork a minute
     assert services["ingest"]["environment"]["TANGRAM_REDIS_PASSWORD"] == redis_password
     grafana = services["grafana"]["environment"]
     assert SECRET_REF.match(grafana["GF_SECURITY_ADMIN_PASSWORD"])

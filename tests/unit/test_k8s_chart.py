@@ -485,3 +485,10 @@ def test_the_gateway_commands_parse_with_the_cli(kind):
         assert parsed["host"] == "0.0.0.0" and parsed["port"] in (8088, 8089)
     if kind != "upload":
         assert parsed["stream"] == ["telemetry"]
+
+
+def test_redis_persists_by_its_append_only_file_alone(manifests):
+    """As the local stack and compose: the AOF, and no RDB snapshot forking the online store every minute."""
+    [redis] = [s for name, s in by_kind(manifests, "StatefulSet").items() if name.endswith("-redis")]
+    [container] = redis["spec"]["template"]["spec"]["containers"]
+    assert "exec redis-server --appendonly yes --save '' --requirepass" in container["command"][-1]
