@@ -85,7 +85,6 @@ SKIPPED = Counter("tangram_rules_skipped_total", "Records not decided, by why (d
                   ["processor", "why"])
 
 
-
 class RuleProcessor(Processor):
     """Predictions (+ feature windows) → ``Action`` records on the action topics."""
 
