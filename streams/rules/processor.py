@@ -121,8 +121,7 @@ class RuleProcessor(Processor):
         self.action_reads = self.actions.reads(self.prediction_fields)  # a batch decoded as columns holds them
         spec = settings.degradation
         self.rule_set_key = settings.rule_set or f"{app}.{processor}"
-        # the features processor's rows in Feast's Redis layout (its feature set, its Feast project); None: no reads
-        self.features_layout = online
+        # reads of the features processor's rows in Feast's Redis layout (its feature set, its Feast project)
         self.online = OnlineReads(processor, redis_url, online, self.prediction_fields, redis_guard,
                                   settings.online_wait_ms) if online is not None else None
         self.signals = GoldenSignals(spec)

@@ -76,7 +76,7 @@ class Processor(RuleProcessor):
         self.columns_batches = 0
 
     def _read_online(self, entities: list[str]) -> OnlineRows:
-        layout, unique = self.features_layout, list(dict.fromkeys(entities))
+        layout, unique = self.online.layout, list(dict.fromkeys(entities))
         replies = []
         for e in unique:
             row = self.table.get(e)
