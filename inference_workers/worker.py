@@ -27,9 +27,10 @@ Routing (:mod:`inference_workers.routing`): production and challenger side by si
 share by a stable hash of the key, or shadow mode where the challenger scores a copy whose
 predictions go to ``shadow_topic`` and are never acted on. Every prediction names the model and
 version that produced it. The routing can change without a restart (``routing_file``, the model
-registry) with Triton's explicit model control: Triton loads the new versions beside the served ones,
-they are contract-checked, the switch happens between two batches, then Triton unloads the versions no
-longer routed. A replica still calling an unloaded version gets "unavailable": backpressure, never loss.
+registry) with Triton's explicit model control (:mod:`inference_workers.serving`): Triton loads the new
+versions beside the served ones, they are contract-checked, the switch happens between two batches, then
+Triton unloads the versions no longer routed. A replica still calling an unloaded version gets
+"unavailable": backpressure, never loss.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from inference_workers.routing import (
     RoutingSettings,
     VersionRouting,
 )
+from inference_workers.serving import ModelServing
 from inference_workers.triton_client import ModelContract, ModelRepository, TritonModel
 from streams.avro import AvroCodec
 from streams.wire import WireFormatError
@@ -71,7 +73,6 @@ from streams.delivery import (
     dead_letter,
 )
 from streams.errors import (
-    ArtifactIntegrityError,
     BackpressureError,
     InferenceError,
     InferenceUnavailableError,
@@ -80,8 +81,7 @@ from streams.errors import (
 )
 from streams.config_center import CONFIG_TOPIC, ConfigSubscriber
 from streams.features.spec import load_feature_set
-from streams.lifecycle import MODELS_TOPIC, ModelRegistryWatcher
-from streams.lifecycle.state import Routing
+from streams.lifecycle import MODELS_TOPIC
 from streams.resilience import Guard
 from streams.security.kafka import KafkaConnection
 from streams.statelog import StateTopic
@@ -206,13 +206,10 @@ class InferenceWorker(Processor):
         self.output_topic = output_topic
         self.shadow_topic = shadow_topic
         self.dlq_topic = dlq_topic
-        self.triton_url = triton_url
         self.settings = settings
         #: the topology's Triton calls (deadline, retries, breaker); the deadline is the declared one when given
         self.triton_guard = triton_guard
         self.timeout_s = triton_guard.timeout_s if triton_guard is not None else settings.timeout_s
-        #: the topology's state.models_per_server: the most versions the routing has Triton keep loaded
-        self.models_per_server = models_per_server
         self.contract = contract
         self.features = tuple(features)
         if contract.input.dims != (len(self.features),):
@@ -232,19 +229,7 @@ class InferenceWorker(Processor):
         if missing:
             raise TopologyError(f"{self.name}: the input schema {input_codec.subject!r} lacks {missing}, which the "
                                 f"model's features or the predictions schema {output_codec.subject!r} need")
-        self.routing = VersionRouting(settings.initial_routing(), settings.model)
-        self.routing_file = RoutingFile(settings.routing_file) if settings.routing_file else None
-        self.kafka = kafka
-        self.model_repository = model_repository
-        self.watcher: ModelRegistryWatcher | None = None
-        self._registry_routing: Routing | None = None  # set by the watcher's thread, applied between batches
-        self._pending: RoutingSettings | None = None  # a routing change Triton could not take yet: retried
-        self._standby: set[ModelTarget] = set()  # the registry's previous Production, kept loaded for rollbacks
-        self._stale_standby: set[ModelTarget] = set()  # standby versions replaced since the last switch: unloaded
-        self.repository = ModelRepository(triton_url, self.timeout_s, settings.load_timeout_s,  # explicit control
-                                          control_key=triton_key)
         self.config: ConfigSubscriber | None = None
-        self.models: dict[ModelTarget, TritonModel] = {}
         self.row_failures: dict[tuple[str, int, int], int] = {}
         # Triton calls run on an event loop of their own thread, so that a batch's calls are in flight while
         # the delivery loop waits for the acks of the batch before (``pipelined``).
@@ -253,6 +238,14 @@ class InferenceWorker(Processor):
         self._loop_thread.start()
         self._triton_turn = asyncio.Lock()
         self._in_flight: concurrent.futures.Future | None = None  # the Triton calls of the newest batch submitted
+        self.kafka = kafka
+        self.serving = ModelServing(
+            self.name, settings.model, VersionRouting(settings.initial_routing(), settings.model),
+            ModelRepository(triton_url, self.timeout_s, settings.load_timeout_s, control_key=triton_key),
+            lambda target: TritonModel(triton_url, target.model, target.version, self.timeout_s, contract=contract),
+            self._run, routing_file=RoutingFile(settings.routing_file) if settings.routing_file else None,
+            registry_topic=settings.registry_topic if settings.follow_registry else None, kafka=kafka,
+            model_repository=model_repository, models_per_server=models_per_server, shadow_topic=shadow_topic)
 
     @classmethod
     def build(cls, ctx: BuildContext) -> "InferenceWorker":
@@ -284,144 +277,21 @@ class InferenceWorker(Processor):
 
     # -- lifecycle -------------------------------------------------------------------
     def setup(self) -> None:
-        """Have Triton serve every routed version (explicit model control) and check each against the
-        contract; refuses to start on a mismatch or a version Triton cannot load."""
-        if self.routing_file and (settings := self.routing_file.poll()):
-            self.routing.switch(self.routing.candidate(settings))
+        """Follow the config center's degradation level when asked, then have Triton serve every routed version
+        (:meth:`ModelServing.start`); refuses to start on a contract mismatch or a version Triton cannot load."""
         if self.settings.follow_degradation:
             StateTopic(self.kafka, self.settings.config_topic).ensure()  # a fresh stack has none yet
             self.config = ConfigSubscriber(self.kafka, self.settings.config_topic, name=self.name,
                                            namespaces=["feature-switch"]).start()
-        if self.settings.follow_registry:
-            StateTopic(self.kafka, self.settings.registry_topic).ensure()
-            self.watcher = ModelRegistryWatcher(self.kafka, self.settings.registry_topic, name=self.name).start()
-            self.watcher.on_change(self._on_registry_change)
-            if (settings := self._registry_settings(self.watcher.current(self.settings.model))) is not None:
-                self.routing.switch(self.routing.candidate(settings))
-        plan = self.routing.plan
-        if plan.shadow and not self.shadow_topic:
-            raise TopologyError(f"processor {self.name!r}: shadow routing needs `shadow_topic` in its params")
-        self._run(self._serve(plan.targets))
-        for target in plan.targets:
-            self._run(self._model(target))
-        log.info("%s routing: %s", self.name, plan.describe())
-
-    async def _model(self, target: ModelTarget) -> TritonModel:
-        model = self.models.get(target)
-        if model is None:
-            model = TritonModel(self.triton_url, target.model, target.version, self.timeout_s,
-                                contract=self.contract)
-            try:
-                await model.setup()  # InferenceError naming the field that differs
-            except BaseException:
-                await model.close()
-                raise
-            self.models[target] = model
-        return model
-
-    async def _serve(self, targets: Sequence[ModelTarget]) -> None:
-        """Explicit model control, "load the new": Triton loads each version of ``targets`` it does not serve yet,
-        beside the versions it serves (InferenceError when it refuses, Unavailable when it does not answer)."""
-        for model in sorted({t.model for t in targets}):
-            if loaded := await self.repository.serve(model, {t.version for t in targets if t.model == model}):
-                log.info("%s: Triton loaded %s versions %s for the routing", self.name, model, sorted(loaded))
-
-    async def _retire(self, targets: Sequence[ModelTarget]) -> None:
-        """Explicit model control, "unload the old": Triton stops serving ``targets``, which no batch of this
-        worker uses any more; versions the routing uses stay. A failure is only logged (the version stays loaded)."""
-        routed = self.routing.plan.targets
-        try:
-            for model in sorted({t.model for t in targets}):
-                old = {t.version for t in targets if t.model == model} - {t.version for t in routed if t.model == model}
-                if retired := await self.repository.retire(model, old):
-                    log.info("%s: Triton unloaded %s versions %s, no longer routed", self.name, model, sorted(retired))
-        except InferenceError as exc:
-            log.warning("%s: unloading %s failed, it stays loaded: %s", self.name, ", ".join(map(str, targets)), exc)
-
-    def _on_registry_change(self, before: Routing, after: Routing) -> None:
-        if after.model == self.settings.model:
-            self._registry_routing = after  # applied by the worker's thread between batches
-
-    def _registry_settings(self, routing: Routing) -> RoutingSettings | None:
-        """The registry's routing as worker settings, once every routed artifact matches its digest.
-
-        None while the model has no Production version (the topology's routing stays). Raises
-        ArtifactIntegrityError for a tampered or missing artifact: that version is never served.
-        """
-        if routing.production is None:
-            return None
-        for ref in (routing.production, routing.challenger):
-            if ref is not None:
-                self.watcher.verified_path(routing.model, ref, self.model_repository)
-        return RoutingSettings(
-            production=f"{routing.model}:{routing.production.version}",
-            challenger=f"{routing.model}:{routing.challenger.version}" if routing.challenger else None,
-            mode="shadow" if routing.shadow else "canary",
-            canary_share=0.0 if routing.shadow else routing.canary_share,
-        )
+        self.serving.start()
 
     def _refresh_routing(self) -> None:
-        """Switch to new routing (registry or routing file) between two batches: load the new, switch, unload the old.
+        """Switch to a new routing, if any, between two batches, once the batch submitted before has its answers."""
+        self.serving.refresh(self._drain)
 
-        Triton loads the versions the new routing needs that it does not serve (explicit model
-        control), they pass the contract check, the calls of the batch submitted before are drained,
-        the routing switches, then Triton unloads the versions no longer routed. A change Triton refuses is
-        logged and the current routing stays; one it cannot take now (down, past a deadline) is
-        retried at the next refresh.
-        """
-        settings = None
-        if self._registry_routing is not None:
-            routing, self._registry_routing = self._registry_routing, None
-            # the previous Production stays loaded in Triton: a rollback is then a routing switch, not a load
-            standby = {ModelTarget(routing.model, routing.standby.version)} if routing.standby else set()
-            self._stale_standby |= self._standby - standby
-            self._standby = standby
-            try:
-                settings = self._registry_settings(routing)
-            except ArtifactIntegrityError as exc:
-                log.error("%s: registry routing refused, keeping %s: %s", self.name, self.routing.plan.describe(), exc)
-                return
-        elif self.routing_file is not None:
-            settings = self.routing_file.poll()
-        if settings is None:
-            settings, self._pending = self._pending, None
-        if settings is None:
-            return
-        if self._in_flight is not None:  # drain: the batch submitted before has its answers before anything unloads
+    def _drain(self) -> None:
+        if self._in_flight is not None:
             concurrent.futures.wait([self._in_flight])
-        try:
-            plan = self.routing.candidate(settings)
-            if plan.shadow and not self.shadow_topic:
-                raise TopologyError("shadow routing needs `shadow_topic` in the processor's params")
-            if self.models_per_server is not None and len(plan.targets) > self.models_per_server:
-                raise TopologyError(f"the routing {plan.describe()} needs {len(plan.targets)} versions loaded, "
-                                    f"models_per_server is {self.models_per_server}")
-            self._run(self._serve(plan.targets))
-            for target in plan.targets:
-                self._run(self._model(target))
-        except InferenceUnavailableError as exc:
-            self._pending = settings
-            log.warning("%s: routing change waits for Triton, keeping %s: %s", self.name, self.routing.plan.describe(), exc)
-            return
-        except (InferenceError, TopologyError) as exc:
-            log.error("%s: routing change refused, keeping %s: %s", self.name, self.routing.plan.describe(), exc)
-            return
-        previous = self.routing.switch(plan)
-        for target in [t for t in self.models if t not in plan.targets]:
-            self._run(self.models.pop(target).close())
-        stale, self._stale_standby = self._stale_standby, set()
-        if dropped := [t for t in {*previous.targets, *stale} if t not in plan.targets and t not in self._standby]:
-            self._run(self._retire(dropped))
-        standby = [t for t in self._standby if t not in plan.targets]
-        if standby and self.models_per_server is not None and len(plan.targets) + len(standby) > self.models_per_server:
-            log.info("%s: standby %s not kept loaded: models_per_server %d (a rollback loads it first)", self.name,
-                     ", ".join(map(str, standby)), self.models_per_server)
-            standby = []
-        if standby:
-            try:
-                self._run(self._serve(standby))
-            except InferenceError as exc:  # only a faster rollback is at stake
-                log.warning("%s: standby %s not loaded: %s", self.name, ", ".join(map(str, standby)), exc)
 
     def degradation_level(self) -> str:
         """The config center's manual degradation level, when this worker follows it; L0 otherwise."""
@@ -429,7 +299,7 @@ class InferenceWorker(Processor):
 
     def _effective_plan(self) -> RoutingPlan:
         """The routing for this batch: at degradation L1 and above only production scores (seed: L1 = challenger off)."""
-        plan = self.routing.plan
+        plan = self.serving.plan
         if plan.challenger is not None and self.degradation_level() != "L0":
             return dataclasses.replace(plan, challenger=None)
         return plan
@@ -437,40 +307,23 @@ class InferenceWorker(Processor):
     def ready(self) -> bool:
         """True when Triton answers and every routed version is ready (each probe has the call deadline).
 
-        A routing change waiting meanwhile is applied first (the batch was put back). A routed version
-        Triton does not serve (another replica unloaded it after its own switch, Triton restarted with
-        its repository's version policy) is loaded again.
+        A routing change waiting meanwhile is applied first (the batch was put back); a routed version Triton
+        no longer serves is loaded again (:meth:`ModelServing.ready`).
         """
         self._refresh_routing()
-        plan = self.routing.plan
         if self.triton_guard is not None and not self.triton_guard.available():
             log.info("%s: not ready: the Triton circuit breaker is open (%s)", self.name, self.triton_guard.state)
             return False
-
-        async def probe() -> bool:
-            try:
-                await self._serve(plan.targets)
-                models = [await self._model(t) for t in plan.targets]
-            except InferenceError as exc:
-                log.info("%s: not ready: %s", self.name, exc)
-                return False
-            return all(await asyncio.gather(*(m.is_ready() for m in models)))
-
-        return self._run(probe())
+        return self._run(self.serving.ready())
 
     def idle(self) -> list[Output]:
         self._refresh_routing()
         return []
 
     def close(self) -> None:
-        if self.watcher is not None:
-            self.watcher.stop()
         if self.config is not None:
             self.config.stop()
-        for model in self.models.values():
-            self._run(model.close())
-        self.models.clear()
-        self._run(self.repository.close())
+        self.serving.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(10)
         self.loop.close()
@@ -602,7 +455,7 @@ class InferenceWorker(Processor):
 
     async def _score(self, target: ModelTarget, matrix: np.ndarray) -> tuple[np.ndarray, dict[int, InferenceError], float]:
         """Probabilities for ``matrix`` (rows Triton refuses are zero and listed with their error), and seconds."""
-        model = await self._model(target)
+        model = await self.serving.client_of(target)
         started = time.perf_counter()
         try:
             probabilities = await self._call(model, target, matrix)

@@ -230,7 +230,7 @@ class Pipeline:
     # -- observing ---------------------------------------------------------------------
     def serving(self) -> list[ModelTarget]:
         """The production target each worker scores with now."""
-        return [runner.processor.routing.plan.production for runner, _ in self.workers]
+        return [runner.processor.serving.plan.production for runner, _ in self.workers]
 
     def job_metrics(self):
         (endpoint,) = self.job.endpoints()
@@ -405,9 +405,9 @@ def test_canary_job_rolls_back_a_worse_challenger_and_records_the_verdict(pipeli
     assert p.registry.state.models["anomaly"].stages["3"] is Stage.STAGING
     print(f"\nworse challenger rolled back by {actor} at {rollback.data['share']:.0%}: {rollback.reason}")
     deadline = time.monotonic() + 20
-    while any(r.processor.routing.plan.challenger is not None for r, _ in p.workers) and time.monotonic() < deadline:
+    while any(r.processor.serving.plan.challenger is not None for r, _ in p.workers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert all(r.processor.routing.plan.challenger is None for r, _ in p.workers)
+    assert all(r.processor.serving.plan.challenger is None for r, _ in p.workers)
     time.sleep(2)
     p.stop_load()
     got = p.wait_scored()

@@ -53,7 +53,7 @@ def test_worker_follows_the_registry_and_refuses_a_tampered_artifact(stack, tmp_
     worker = InferenceWorker.build(BuildContext(topology, "inference", stack))
     worker.setup()  # takes Production from the registry, checks the artifact digest and the Triton contract
     try:
-        assert worker.routing.plan.describe().startswith("production anomaly:1")
+        assert worker.serving.plan.describe().startswith("production anomaly:1")
         out = worker.process(windows(stack, 4))
         assert len(out) == 4 and all(o.topic.endswith(".predictions.anomaly") for o in out)
 
@@ -66,10 +66,10 @@ def test_worker_follows_the_registry_and_refuses_a_tampered_artifact(stack, tmp_
         registry.register(fields, "ci", "retrained")
         v2.write_bytes(v2.read_bytes() + b"tampered")
         registry.promote("anomaly", "2", "production", "ci", "promote the tampered one", force=True)
-        worker.watcher.wait_for("anomaly", lambda r: r.production is not None and r.production.version == "2", 10)
+        worker.serving.watcher.wait_for("anomaly", lambda r: r.production is not None and r.production.version == "2", 10)
         time.sleep(0.2)
         worker.idle()  # applies registry changes between batches
-        assert worker.routing.plan.describe().startswith("production anomaly:1")  # never switched to v2
+        assert worker.serving.plan.describe().startswith("production anomaly:1")  # never switched to v2
         out = worker.process(windows(stack, 2))
         predictions = [codec(stack.registry_url, "pm.predictions.anomaly-value",
                              load_schema("pm.predictions.anomaly-value")).decode(o.value) for o in out]

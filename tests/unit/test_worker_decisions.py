@@ -101,8 +101,8 @@ def make_worker(**params) -> tuple[InferenceWorker, dict[ModelTarget, FakeModel]
         features=FEATURE_NAMES, shadow_topic=settings.shadow_topic,
     )
     fakes = {ModelTarget("anomaly", "1"): FakeModel(), ModelTarget("anomaly", "2"): FakeModel(shift=0.5)}
-    worker.models.update(fakes)
-    worker.repository = FakeRepository(fakes)
+    worker.serving.models.update(fakes)
+    worker.serving.repository = FakeRepository(fakes)
     return worker, fakes
 
 
@@ -187,13 +187,13 @@ def test_routing_file_switches_versions_between_batches(tmp_path) -> None:
     worker, fakes = make_worker(routing_file=str(path))
     batch = records(worker, [window("dev-1", 0)])
     assert predictions(worker, worker.process(batch))[0]["model_version"] == "1"
-    assert ModelTarget("anomaly", "2") not in worker.models  # not routed: its client is closed
-    worker.models[ModelTarget("anomaly", "2")] = fakes[ModelTarget("anomaly", "2")]  # "Triton serves it now"
+    assert ModelTarget("anomaly", "2") not in worker.serving.models  # not routed: its client is closed
+    worker.serving.models[ModelTarget("anomaly", "2")] = fakes[ModelTarget("anomaly", "2")]  # "Triton serves it now"
     path.write_text(json.dumps({"production": "2"}) + " ")
     assert predictions(worker, worker.process(batch))[0]["model_version"] == "2"
-    assert ModelTarget("anomaly", "1") not in worker.models  # the version no longer routed is closed
+    assert ModelTarget("anomaly", "1") not in worker.serving.models  # the version no longer routed is closed
     # load the new, switch, unload the old (explicit model control)
-    assert worker.repository.calls[-2:] == [("serve", "anomaly", ["2"]), ("retire", "anomaly", ["1"])]
+    assert worker.serving.repository.calls[-2:] == [("serve", "anomaly", ["2"]), ("retire", "anomaly", ["1"])]
 
 
 class FixedLevel:
