@@ -53,7 +53,9 @@ Backpressure
     while paused, so ``max.poll.interval.ms`` is never exceeded and the group
     never rebalances) while it backs off exponentially and asks the processor
     whether it is ``ready()``. Then it resumes, reads the same records again and
-    retries them. Works the same in both delivery modes.
+    retries them. Works the same in both delivery modes (:mod:`streams.backpressure`).
+
+The loop's producer, its acknowledgements and transactions: :mod:`streams.outbox`.
 """
 
 from __future__ import annotations
@@ -79,7 +81,9 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NamedTuple
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
+from streams.backpressure import Backpressure, first_offsets
 from streams.errors import BackpressureError, DeliveryError
+from streams.outbox import Outbox
 from streams.security.kafka import KafkaConnection
 
 if TYPE_CHECKING:
@@ -108,22 +112,12 @@ BATCH_SECONDS = Histogram(
     ["processor"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
-BACKPRESSURE = Counter(
-    "tangram_processor_backpressure_total", "Batches put back because the processor could not make progress.",
-    ["processor"],
-)
-PAUSED_SECONDS = Counter(
-    "tangram_processor_paused_seconds_total", "Time spent with every partition paused (backpressure).", ["processor"]
-)
 TRANSACTIONS_ABORTED = Counter(
     "tangram_processor_transactions_aborted_total",
     "Exactly-once batches whose transaction was aborted (the group moved on); their records are read again.",
     ["processor"],
 )
-PAUSED = Gauge("tangram_processor_paused", "1 while the processor's partitions are paused (backpressure).", ["processor"])
 
-#: A dead letter over the producer's size limit keeps this many bytes of the original (and its sha256).
-DLQ_KEPT_BYTES = 512 * 1024
 #: While side effects are written in the processor's thread, how often the loop looks for a first record.
 WRITING_POLL_S = 0.002
 
@@ -345,15 +339,6 @@ class Processor(ABC):
         """Release connections."""
 
 
-def _first_offsets(records: Iterable[Record]) -> dict[tuple[str, int], int]:
-    """The lowest offset of ``records`` in each of their partitions (where to seek back to read them again)."""
-    first: dict[tuple[str, int], int] = {}
-    for r in records:
-        key = (r.topic, r.partition)
-        first[key] = min(first.get(key, r.offset), r.offset)
-    return first
-
-
 class _Submitted(NamedTuple):
     """A batch handed to ``Processor.submit``: nothing of it is produced yet."""
 
@@ -491,27 +476,7 @@ class Runner:
         )
         self._committed: dict[tuple[str, int], int] = {}  # the newest position handed to commit, per partition
         self._commit_refused = False  # the broker refused a commit: made again when the loop is next idle
-        producer_conf = config.kafka.config({
-            "client.id": client_id,
-            "enable.idempotence": True,  # forces acks=all and ordered retries
-            "acks": "all",
-            "linger.ms": 0.5,
-            "compression.type": "lz4",
-            "delivery.timeout.ms": int(config.delivery_timeout_s * 1000),
-            # Delivery reports for failures only: no Python callback per acknowledged record.
-            "delivery.report.only.error": True,
-            "on_delivery": self._on_delivery,
-        })
-        if config.exactly_once:
-            member = config.replica or config.group_instance_id or client_id
-            producer_conf["transactional.id"] = f"{config.group_id}-{member}"
-            producer_conf["transaction.timeout.ms"] = int(config.transaction_timeout_s * 1000)
-            # librdkafka: a message may not outlive the transaction it belongs to.
-            producer_conf["delivery.timeout.ms"] = min(producer_conf["delivery.timeout.ms"],
-                                                       producer_conf["transaction.timeout.ms"])
-        self._owns_producer = producer is None  # closed with the loop; one handed in is its giver's to close
-        self.producer = producer or Producer(producer_conf)
-        self._failures: list[str] = []
+        self.outbox = Outbox(processor.name, config, client_id, producer)
         self._submitted: collections.deque[_Submitted] = collections.deque()  # submitted, outputs not produced yet
         self._pending: _Sent | None = None  # a pipelined processor's batch: produced, acks and commit outstanding
         self._writing: _Writing | None = None  # acknowledged batches: side effects being written, commit outstanding
@@ -523,7 +488,7 @@ class Runner:
         # the partitions assigned, as the rebalance callbacks said (consumer.assignment() asks librdkafka's own
         # thread and waits for its answer: a round trip per commit on the hot path)
         self._owned: set[tuple[str, int]] = set()
-        self._backoff_s = config.backoff_initial_s
+        self.backpressure = Backpressure(processor, self.consumer, config, self._stop, self._usable)
         self._watchdog: Watchdog | None = None  # set for a processor that is a process of its own
         #: Freeze the heap after setup (``gc.freeze``): for a loop that is its process's own work (``tangram run``,
         #: a benchmark's timed stage). What setup built (modules, clients, models) then lives as long as the process
@@ -533,9 +498,16 @@ class Runner:
         self.freeze_heap = False
         #: Partition assignments received (one per rebalance this member took part in).
         self.assignments = 0
-        #: Batches put back after a BackpressureError, and seconds spent paused.
-        self.backpressure_events = 0
-        self.paused_s = 0.0
+
+    @property
+    def backpressure_events(self) -> int:
+        """Batches put back after a BackpressureError, and side effects retried."""
+        return self.backpressure.events
+
+    @property
+    def paused_s(self) -> float:
+        """Seconds spent with every partition paused (backpressure)."""
+        return self.backpressure.paused_s
 
     # -- lifecycle -----------------------------------------------------------------
     def stop(self, *_: object) -> None:
@@ -556,8 +528,7 @@ class Runner:
         self.processor.setup()
         if self.freeze_heap:
             gc.freeze()
-        if cfg.exactly_once:
-            self.producer.init_transactions(cfg.delivery_timeout_s)
+        self.outbox.start()
         self.consumer.subscribe(list(cfg.inputs), on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
         self.log.info("%s consuming %s as group %s (%s, %s assignment)", self.processor.name, ",".join(cfg.inputs),
@@ -576,7 +547,7 @@ class Runner:
                 if self._rewound:  # sought back inside this consume (a revocation): what it brought is read again
                     rewound, self._rewound = self._rewound, {}
                     records = [r for r in records if (r.topic, r.partition) not in rewound]
-                    self._rewind(rewound)
+                    self.backpressure.rewind(rewound)
                 if not records and not busy:
                     if self._writing is not None:  # nothing came while they were written
                         self._settle()
@@ -604,7 +575,7 @@ class Runner:
                 except BackpressureError as exc:
                     self._put_back(batch.records, exc)
                     continue
-                self._backoff_s = cfg.backoff_initial_s
+                self.backpressure.progressed()
                 RECORDS_IN.labels(self.processor.name).inc(len(batch.records))
                 sent = self._send(outputs, self._positions(batch.records), batch.records, batch.started)
                 if pipelined:
@@ -660,9 +631,7 @@ class Runner:
         try:
             self.processor.close()
         finally:
-            self.producer.flush(self.config.delivery_timeout_s)
-            if self._owns_producer:  # its librdkafka threads end now, not whenever the object is collected
-                self.producer.close()
+            self.outbox.close()
             self._commit_sync(list(self._committed))
             self.consumer.close()
             self.log.info("%s stopped", self.processor.name)
@@ -713,7 +682,7 @@ class Runner:
                 return self.processor.flush()
             self._flush_now()
         except BackpressureError as exc:
-            self._retry_side_effects(exc)
+            self._write_side_effects(exc)
         return None
 
     def _flush_now(self) -> None:
@@ -721,50 +690,16 @@ class Runner:
         if (written := self.processor.flush()) is not None:
             written.result()
 
-    def _retry_side_effects(self, reason: BackpressureError) -> None:
-        """The side effects failed with ``reason``: paused, back off and flush again until they are written
-        (see :meth:`_flush_side_effects`)."""
-        name, cfg = self.processor.name, self.config
-        BACKPRESSURE.labels(name).inc()
-        self.backpressure_events += 1
-        self.consumer.pause(self.consumer.assignment())
-        PAUSED.labels(name).set(1)
-        started = time.monotonic()
-        deadline = started + 0.8 * cfg.transaction_timeout_s if cfg.exactly_once else None
-        delay = cfg.backoff_initial_s
-        self.log.warning("%s: side effects not written, offsets held; paused, retrying in %.2fs: %s",
-                         name, delay, reason)
+    def _write_side_effects(self, reason: BackpressureError) -> None:
+        """The side effects failed with ``reason``: paused until they are written
+        (:meth:`Backpressure.write_side_effects`); exactly-once, the transaction is aborted when they are not
+        written in time."""
         try:
-            while True:
-                until = time.monotonic() + delay
-                self._poll_paused(until if deadline is None else min(until, deadline), {})
-                if self._stop.is_set():
-                    raise DeliveryError(f"{name}: stopped while side effects were not written ({reason}); "
-                                        "offsets not committed, the batch is read again after a restart")
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise DeliveryError(f"{name}: side effects not written within the transaction's "
-                                        f"{cfg.transaction_timeout_s:g}s ({reason}); transaction aborted, "
-                                        "offsets not committed: the processor stops and a restart rebuilds")
-                if self.processor.ready():
-                    try:
-                        self._flush_now()
-                        break
-                    except BackpressureError as exc:
-                        reason = exc
-                delay = min(delay * 2, cfg.backoff_max_s)
-                self.log.info("%s: side effects still not written after %.1fs paused; next try in %.2fs: %s",
-                              name, time.monotonic() - started, delay, reason)
+            self.backpressure.write_side_effects(reason, self._flush_now)
         except DeliveryError:
-            if cfg.exactly_once:
-                self.producer.abort_transaction()
+            if self.config.exactly_once:
+                self.outbox.abort()
             raise
-        finally:
-            paused = time.monotonic() - started
-            self.paused_s += paused
-            PAUSED_SECONDS.labels(name).inc(paused)
-            PAUSED.labels(name).set(0)
-            self.consumer.resume(self.consumer.assignment())
-        self.log.info("%s: side effects written after %.2fs paused; resumed", name, time.monotonic() - started)
 
     def _settle(self) -> None:
         """Wait for the side effects being written (backpressure while they fail), then commit their batches."""
@@ -774,7 +709,7 @@ class Runner:
         try:
             writing.written.result()
         except BackpressureError as exc:
-            self._retry_side_effects(exc)
+            self._write_side_effects(exc)
         self._commit_delivered(writing.batches)
 
     def _put_back(self, records: list[Record], reason: BackpressureError) -> None:
@@ -786,120 +721,28 @@ class Runner:
         self._settle()
         later = [r for batch in self._submitted for r in batch.records]
         self._submitted.clear()
-        self._back_off([*records, *later], reason)
+        self.backpressure.put_back([*records, *later], reason)
 
     def _drop_in_flight(self, records: list[Record], revoked: frozenset | set = frozenset()) -> None:
         """Read ``records`` and every batch submitted and not produced again: seek their partitions (those not
         ``revoked``) back to the first of them. Inside a rebalance callback the consume call that runs it
         may bring records fetched before the seek: the loop drops those and seeks again."""
-        first = _first_offsets(itertools.chain(records, *(batch.records for batch in self._submitted)))
+        first = first_offsets(itertools.chain(records, *(batch.records for batch in self._submitted)))
         self._submitted.clear()
         kept = {tp: offset for tp, offset in first.items() if tp not in revoked}
-        self._rewind(kept)
+        self.backpressure.rewind(kept)
         if self._in_callback:
             for tp, offset in kept.items():
                 self._rewound[tp] = min(self._rewound.get(tp, offset), offset)
-
-    def _back_off(self, records: list[Record], reason: BackpressureError) -> None:
-        """Put ``records`` back, pause, poll while backing off until the processor is ready, resume.
-
-        Nothing of the batch was produced or committed. Each partition of the batch is sought
-        back to the batch's first offset in it, so that after ``resume`` the same records are
-        read again. Records a poll returns while paused (a partition assigned meanwhile) are put
-        back the same way. Polling goes on throughout, so the member stays in its group.
-        """
-        name = self.processor.name
-        self.backpressure_events += 1
-        BACKPRESSURE.labels(name).inc()
-        first = _first_offsets(records)
-        self.consumer.pause(self.consumer.assignment())
-        PAUSED.labels(name).set(1)
-        self._rewind(first)
-        delay = self._backoff_s
-        self._backoff_s = min(self._backoff_s * 2, self.config.backoff_max_s)
-        self.log.warning("%s cannot make progress, %d records put back (%s); paused, retrying in %.2fs: %s",
-                         name, len(records), ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(first.items())),
-                         delay, reason)
-        started = time.monotonic()
-        try:
-            while not self._stop.is_set():
-                self._poll_paused(time.monotonic() + delay, first)
-                if self._stop.is_set() or self.processor.ready():
-                    break
-                delay = self._backoff_s
-                self._backoff_s = min(self._backoff_s * 2, self.config.backoff_max_s)
-                self.log.info("%s still not ready after %.1fs paused; next check in %.2fs",
-                              name, time.monotonic() - started, delay)
-        finally:
-            paused = time.monotonic() - started
-            self.paused_s += paused
-            PAUSED_SECONDS.labels(name).inc(paused)
-            PAUSED.labels(name).set(0)
-            self.consumer.resume(self.consumer.assignment())
-        self.log.info("%s resumed after %.2fs paused", name, paused)
-
-    def _poll_paused(self, until: float, first: dict[tuple[str, int], int]) -> None:
-        """Poll until ``until`` (monotonic) with every partition paused; put back anything a poll returns.
-
-        ``first`` is where each partition was sought back to; a message at or past it will be read
-        again anyway, one before it (a partition assigned while paused) moves the rewind point back.
-        """
-        while (left := until - time.monotonic()) > 0 and not self._stop.is_set():
-            messages = self.consumer.consume(self.config.batch_size, min(left, 0.2))
-            stray: dict[tuple[str, int], int] = {}
-            for m in messages:
-                if not self._usable(m):
-                    continue
-                key = (m.topic(), m.partition())
-                if m.offset() < first.get(key, m.offset() + 1):
-                    stray[key] = min(stray.get(key, m.offset()), m.offset())
-            if stray:
-                first.update(stray)
-                self.consumer.pause([TopicPartition(t, p) for t, p in stray])
-                self._rewind(stray)
-
-    def _rewind(self, first: Mapping[tuple[str, int], int]) -> None:
-        """Seek each partition back to ``first[partition]``; a partition no longer assigned is skipped."""
-        assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
-        for (topic, partition), offset in first.items():
-            if (topic, partition) not in assigned:
-                continue  # revoked meanwhile: its new owner reads from the committed offset
-            # A failed seek raises: the processor stops without committing, a restart re-reads.
-            self.consumer.seek(TopicPartition(topic, partition, offset))
 
     # -- the guarantee ---------------------------------------------------------------
     def _send(self, outputs: list[Output], offsets: list[TopicPartition], records: list[Record],
               started: float = 0.0) -> "_Sent":
         """Produce ``outputs`` (in the open transaction in exactly-once mode); :meth:`_complete` finishes the batch."""
         if not self._open:  # a new delivery (a pipelined processor's batch before it was delivered already)
-            self._failures.clear()
-            if self.config.exactly_once:
-                self.producer.begin_transaction()
-        produce = self.producer.produce
-        for out in outputs:
-            try:  # the hot path: headers go as they are (str or bytes values)
-                produce(out.topic, out.value, out.key, headers=out.headers or None)
-            except (BufferError, TypeError):
-                self._produce(out)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
-                    raise
-                self._produce(self._too_large(out, exc))
+            self.outbox.begin()
+        self.outbox.send(outputs)
         return _Sent(outputs, offsets, records, started)
-
-    def _too_large(self, out: Output, exc: KafkaException) -> Output:
-        """An output over the producer's ``message.max.bytes``. A dead letter (a record near the broker's limit
-        plus the DLQ headers) keeps its first ``DLQ_KEPT_BYTES`` bytes, and says so in its headers; any other
-        output is the processor's bug: the loop stops (nothing committed) rather than drop it."""
-        if "dlq.reason" not in out.headers or out.value is None:
-            raise DeliveryError(f"{self.processor.name}: an output to {out.topic} of {len(out.value or b'')} bytes is "
-                                f"over the producer's message.max.bytes ({exc.args[0].str()}); offsets not committed")
-        digest = hashlib.sha256(out.value).hexdigest()
-        self.log.warning("%s: dead letter to %s of %d bytes is over the size limit: keeping its first %d bytes "
-                         "(sha256 of the whole: %s)", self.processor.name, out.topic, len(out.value), DLQ_KEPT_BYTES,
-                         digest)
-        headers = {**out.headers, "dlq.truncated_from_bytes": str(len(out.value)), "dlq.original_sha256": digest}
-        return Output(out.topic, out.key, out.value[:DLQ_KEPT_BYTES], headers)
 
     def _complete_pending(self) -> None:
         sent, self._pending = self._pending, None
@@ -925,12 +768,7 @@ class Runner:
         written in the processor's own thread are left to it: the batches' commit waits for them
         (:meth:`_settle`), the next batch does not."""
         transactional = self.config.exactly_once
-        remaining = self.producer.flush(self.config.delivery_timeout_s)
-        if remaining or self._failures:
-            if transactional:
-                self.producer.abort_transaction()
-            detail = "; ".join(self._failures[:3]) or f"{remaining} not acknowledged in {self.config.delivery_timeout_s}s"
-            raise DeliveryError(f"{self.processor.name}: outputs not delivered, offsets not committed: {detail}")
+        self.outbox.acknowledged()
         self._settle()  # the batches before: their side effects and commit come first
         if (written := self._flush_side_effects(wait=transactional)) is not None:
             self._writing = _Writing(written, batches)
@@ -953,15 +791,11 @@ class Runner:
             wait_s = self.config.transaction_timeout_s
             try:
                 with Watchdog.deadline(self._watchdog, 2 * wait_s + 5, "committing a transaction"):
-                    if offsets:
-                        self.producer.send_offsets_to_transaction(
-                            offsets, self.consumer.consumer_group_metadata(), wait_s
-                        )
-                    self.producer.commit_transaction(wait_s)
+                    self.outbox.commit(offsets, self.consumer.consumer_group_metadata(), wait_s)
             except KafkaException as exc:
                 if not exc.args[0].txn_requires_abort():
                     raise  # fenced or fatal: the process stops, a restart reads the batches again
-                self.producer.abort_transaction()
+                self.outbox.abort()
                 records = [r for sent in batches for r in sent.records]
                 if not (self.processor.pipelined and records):
                     # State built from the batches (windows) would count them twice if they were read again here:
@@ -1012,25 +846,6 @@ class Runner:
                 continue
             if high >= 0:
                 LAG.labels(self.processor.name, tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
-
-    def _produce(self, out: Output) -> None:
-        """Produce one output whatever its header values are, waiting while the local queue is full."""
-        headers = [(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in out.headers.items()]
-        while True:
-            try:
-                self.producer.produce(out.topic, out.value, out.key, headers=headers)
-                return
-            except BufferError:  # local queue full: serve delivery reports, then retry
-                self.producer.poll(0.1)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE or "dlq.truncated_from_bytes" in out.headers:
-                    raise
-                out = self._too_large(out, exc)
-                headers = [(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in out.headers.items()]
-
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            self._failures.append(f"{msg.topic()}: {err.str()}")
 
     def _positions(self, records: Iterable[Record]) -> list[TopicPartition]:
         """Next offset to read per partition, held back to what stateful processors still need."""
