@@ -33,7 +33,7 @@ its restart: sent (acknowledged by the broker — the accounting refuses to pass
 fewer acknowledged than produced), accepted by the first stage,
 dead-lettered (with the stage and reason), duplicated, lost; then the windows the feature stage must
 have emitted from the accepted readings (each complete: its reading count), and one prediction per
-window. Exactly-once mode (``--exactly-once``) runs every processor with Kafka transactions.
+window (:mod:`streams.accounting`). Exactly-once mode (``--exactly-once``) runs every processor with Kafka transactions.
 """
 
 from __future__ import annotations
@@ -47,17 +47,15 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from streams.avro import topic_codec
+from streams.accounting import Accounting, Audit, event_id
 from streams.errors import StackError, TopologyError
-from streams.features.spec import load_feature_set
 from streams.launcher import Processors, high_watermarks, uncommitted, wait_quiet
 from streams.namespace import namespaced
 from streams.plan import apply
@@ -66,8 +64,7 @@ from streams.simulation import build_simulator
 from streams.stack import components
 from streams.stack.kafka import kafka_disk
 from streams.stack.process import ManagedProcess
-from streams.testing import expected_windows
-from streams.topology import Kind, Topology, load_topology
+from streams.topology import Topology, load_topology
 
 #: The campaign of ``make test`` (a few minutes) and the long one of docs/guarantees.md.
 SHORT = ("kill:ingest", "kill:features", "kill:inference", "kill:rules", "freeze:redis", "freeze:triton",
@@ -84,46 +81,6 @@ class FaultResult:
     lasted_s: float  # from the fault's start to its end (restart, resume)
     recovery_s: float | None  # from the fault's end until every group caught up (None: not within the timeout)
     note: str = ""
-
-
-@dataclass
-class Accounting:
-    sent: int = 0  # acknowledged by the broker
-    produced: int = 0  # handed to the producer
-    refused_by_broker: int = 0  # over the size limit: never in Kafka
-    accepted: int = 0  # distinct events on the first stage's output
-    duplicated: int = 0  # extra copies on the first stage's output
-    lost: int = 0  # sent, neither accepted nor dead-lettered
-    dead_letters: dict[str, int] = field(default_factory=dict)  # "<stage>:<reason>" → records
-    false_dead_letters: dict[str, int] = field(default_factory=dict)  # of valid events, by "<stage>:<reason>"
-    windows_expected: int = 0
-    windows_delivered: int = 0
-    windows_missing: int = 0
-    windows_incomplete: int = 0  # emitted with fewer readings than were accepted for it
-    windows_inflated: int = 0  # emitted with more: a reading the first stage duplicated, counted twice
-    windows_duplicated: int = 0
-    predictions_missing: int = 0
-    predictions_duplicated: int = 0
-    oversize_sent: int = 0  # the record just under the limit (its dead letter is over it)
-    oversize_refused: int = 0  # the record over the limit: refused by the producer, never in Kafka
-    oversize_dead_lettered: int = 0  # dead letters of the record sent (keyed ``oversize``)
-    oversize_truncated: int = 0  # of those, kept truncated (``dlq.truncated_from_bytes`` in their headers)
-
-    @property
-    def acknowledged(self) -> bool:
-        """Something was sent and the broker acknowledged all of it."""
-        return self.sent > 0 and self.sent == self.produced and self.refused_by_broker == 0
-
-    @property
-    def ok(self) -> bool:
-        """Nothing lost: something was sent, all of it acknowledged, every event, window and prediction there."""
-        return (self.acknowledged and self.lost == 0
-                and self.windows_missing == 0 and self.windows_incomplete == 0 and self.predictions_missing == 0)
-
-    def clean(self, exactly_once: bool) -> bool:
-        """``ok``, no dead letter of a valid event and, in exactly-once mode, no duplicate."""
-        duplicates = self.duplicated + self.windows_duplicated + self.predictions_duplicated
-        return self.ok and not self.false_dead_letters and (not exactly_once or duplicates == 0)
 
 
 @dataclass
@@ -165,12 +122,12 @@ class _Load(threading.Thread):
         self.started = time.monotonic()
 
     def _delivered(self, err: KafkaError | None, msg) -> None:  # noqa: ANN001 - confluent-kafka's Message
-        event_id = _event_id(msg.value())
+        event = event_id(msg.value())
         with self._lock:
             if err is None:
-                self.acked[event_id] += 1
+                self.acked[event] += 1
             else:
-                self.failed.append(f"{event_id}: {err.str()}")
+                self.failed.append(f"{event}: {err.str()}")
 
     def run(self) -> None:
         step = 0
@@ -201,13 +158,6 @@ class _Load(threading.Thread):
             # its on_delivery is a bound method of this load: a cycle through the C object that is never
             # collected, so the producer would go on reconnecting to a stopped stack in the caller's process
             self.producer.close()
-
-
-def _event_id(value: bytes | None) -> str:
-    try:
-        return str(orjson.loads(value).get("event_id", "")) if value else ""
-    except (orjson.JSONDecodeError, AttributeError):
-        return ""
 
 
 class Campaign:
@@ -252,6 +202,7 @@ class Campaign:
                 kafka_disk(stack)  # refuses a log directory on the machine's own disk
         self.services = {p.name: p for p in components.build(stack)}
         self.probe = self._new_probe()
+        self.audit = Audit(self.topology, stack, f"{self.prefix}-read", lambda: self.probe)
         #: after a wait for the chain to catch up: what was short of the ends (a group's partition, by how many)
         self.behind: list[str] = []
 
@@ -306,6 +257,9 @@ class Campaign:
 
     def close(self) -> None:
         self._folder.cleanup()
+
+    def _account(self, load: _Load) -> Accounting:
+        return self.audit.account(load.acked, load.produced, len(load.failed), self.oversize)
 
     # -- faults ----------------------------------------------------------------------------------
     def _inject(self, fault: str, processors: Processors) -> tuple[str, float]:
@@ -484,113 +438,6 @@ class Campaign:
                 self.probe = self._new_probe()
             time.sleep(0.5)
         return None
-
-    # -- accounting ------------------------------------------------------------------------------
-    def _account(self, load: _Load) -> Accounting:
-        topology = self.topology
-        a = Accounting()
-        acked = load.acked
-        a.sent, a.produced = sum(acked.values()), load.produced
-        a.refused_by_broker = len(load.failed)
-        a.oversize_sent, a.oversize_refused = self.oversize
-        valid = {e for e in acked if e}
-        ingest_name, ingest = next((n, p) for n, p in topology.processors.items() if topology.simulator.source in p.inputs)
-        accepted_topic = ingest.outputs[0]
-        accepted = self._read(accepted_topic)
-        ids = Counter(_header(m, "event_id") for m in accepted)
-        a.accepted = len(set(ids) & valid)
-        a.duplicated = sum(n - 1 for e, n in ids.items() if e in valid)
-        dead: Counter = Counter()
-        false: Counter = Counter()
-        dead_ids: set[str] = set()
-        stages = {p.dlq: n for n, p in topology.processors.items() if p.dlq}
-        for dlq, stage in stages.items():
-            for m in self._read(dlq):
-                reason = f"{stage}:{_header(m, 'dlq.reason')}"
-                dead[reason] += 1
-                event = _header(m, "event_id") or (_event_id(m.value()) if stage == ingest_name else "")
-                if stage == ingest_name:
-                    dead_ids.add(event)
-                if (m.key() or b"") == b"oversize":
-                    a.oversize_dead_lettered += 1
-                    a.oversize_truncated += 1 if _header(m, "dlq.truncated_from_bytes") else 0
-                else:
-                    false[reason] += 1  # every event of the load is valid: no dead letter is expected
-        a.dead_letters, a.false_dead_letters = dict(dead), dict(false)
-        a.lost = len(valid - set(ids) - dead_ids)
-        self._windows(a, accepted, accepted_topic)
-        return a
-
-    def _windows(self, a: Accounting, accepted: list, accepted_topic: str) -> None:
-        topology = self.topology
-        features = next(iter(topology.processors_of(Kind.FEATURES).items()), None)
-        if features is None:
-            return
-        name, spec = features
-        fs = load_feature_set(topology.path(spec.params["feature_set"]))
-        decode = topic_codec(topology, self.stack.registry_url, accepted_topic).decode
-        readings: dict[str, dict] = {}  # by event id, in the order the stage read them: each counted once
-        for m in accepted:
-            readings.setdefault(_header(m, "event_id"), decode(m.value()))
-        # each partition's stream time closes its windows, as in the engines (those still open at the end
-        # are not counted: the idle timeout may or may not have closed them yet)
-        expected, _ = expected_windows(list(readings.values()), fs, topology.partitions(accepted_topic))
-        out_topic = spec.outputs[0]
-        out_decode = topic_codec(topology, self.stack.registry_url, out_topic).decode
-        key = fs.entity.join_key
-        rows: dict[tuple[str, int], list[dict]] = {}
-        for m in self._read(out_topic):
-            row = out_decode(m.value())
-            rows.setdefault((row[key], row["window_start"]), []).append(row)
-        a.windows_expected, a.windows_delivered = len(expected), len(set(rows) & set(expected))
-        a.windows_missing = len(set(expected) - set(rows))
-        a.windows_duplicated = sum(len(v) - 1 for v in rows.values())
-        a.windows_incomplete = sum(1 for k, v in rows.items() if k in expected
-                                   and max(r["count"] for r in v) < expected[k]["count"])
-        a.windows_inflated = sum(1 for k, v in rows.items() if k in expected
-                                 and max(r["count"] for r in v) > expected[k]["count"])
-        inference = next(iter(topology.processors_of(Kind.INFERENCE).values()), None)
-        if inference is None:
-            return
-        predictions = Counter()
-        p_decode = topic_codec(topology, self.stack.registry_url, inference.outputs[0]).decode
-        for m in self._read(inference.outputs[0]):
-            p = p_decode(m.value())
-            predictions[(p[key], p["window_start"])] += 1
-        a.predictions_missing = len(set(rows) - set(predictions))
-        a.predictions_duplicated = sum(n - 1 for n in predictions.values())
-
-    def _read(self, topic: str) -> list:
-        """Every record of ``topic`` (read_committed), from the start to its end now."""
-        ends = high_watermarks(self.probe, self.topology, [topic])
-        consumer = Consumer(self.stack.kafka.config({"group.id": f"{self.prefix}-read",
-                             "enable.auto.commit": False, "isolation.level": "read_committed",
-                             "fetch.max.bytes": 2_000_000, "max.partition.fetch.bytes": 2_000_000}))
-        consumer.assign([TopicPartition(tp.topic, tp.partition, 0) for tp in ends])
-        out, done = [], {tp for tp, end in ends.items() if end == 0}
-        deadline = time.monotonic() + 120
-        try:
-            while len(done) < len(ends) and time.monotonic() < deadline:
-                for m in consumer.consume(1000, 1.0):
-                    if m.error():
-                        continue
-                    out.append(m)
-                    tp = TopicPartition(m.topic(), m.partition())
-                    if m.offset() + 1 >= ends[tp]:
-                        done.add(tp)
-                if len(done) < len(ends):  # transaction markers and aborted records end a partition short
-                    for tp in ends:
-                        if tp not in done:
-                            position = consumer.position([TopicPartition(tp.topic, tp.partition)])[0].offset
-                            if position >= ends[tp]:
-                                done.add(tp)
-        finally:
-            consumer.close()
-        return out
-
-
-def _header(msg, name: str) -> str:  # noqa: ANN001 - confluent-kafka's Message
-    return dict(msg.headers() or []).get(name, b"").decode("utf-8", "replace")
 
 
 def print_report(report: Report, console: Console) -> None:

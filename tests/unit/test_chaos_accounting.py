@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streams.chaos import Accounting
+from streams.accounting import Accounting
 
 
 def _good(**changes) -> Accounting:
