@@ -218,12 +218,75 @@ def _describe(avro_type: Any) -> str:
     return avro_type["type"] if isinstance(avro_type, dict) else str(avro_type)
 
 
+class IngestMemory:
+    """What the ingest stage remembers of the readings it accepted, each bounded (the oldest goes first): their
+    event ids, the last ``dedup_window`` of them (0: none, no dedup); and each entity's latest event time, for
+    the ``max_keys`` entities seen last, when the out-of-order check is on (``track_time``)."""
+
+    def __init__(self, dedup_window: int, max_keys: int, track_time: bool):
+        self.dedup_window, self.max_keys, self.track_time = dedup_window, max_keys, track_time
+        self.ids: OrderedDict[str, None] = OrderedDict()
+        self.latest: OrderedDict[str, int] = OrderedDict()  # entity → its latest event time
+
+    def seen(self, event_id: str) -> bool:
+        """Whether ``event_id`` was accepted within the dedup window (remembers nothing)."""
+        return self.dedup_window > 0 and event_id in self.ids
+
+    def seen_any(self, ids: list[str]) -> bool:
+        """Whether any of ``ids`` repeats among them or was accepted within the dedup window."""
+        return self.dedup_window > 0 and (len(set(ids)) != len(ids) or not self.ids.keys().isdisjoint(ids))
+
+    def is_duplicate(self, event_id: str) -> bool:
+        """Remember ``event_id``; True if it was seen within the dedup window."""
+        if self.seen(event_id):
+            self.ids.move_to_end(event_id)
+            return True
+        self._remember_id(event_id)
+        return False
+
+    def remember(self, event_id: str, entity: str | None, ts: int | None) -> None:
+        """An accepted reading: its id for dedup, its time for the out-of-order check."""
+        self._remember_id(event_id)
+        self._remember_time(entity, ts)
+
+    def remember_all(self, ids: list[str], entities: list | None, times: list | None) -> None:
+        """Accepted readings, in order (as :meth:`remember` one by one)."""
+        if self.dedup_window > 0:
+            self.ids.update(dict.fromkeys(ids))
+            while len(self.ids) > self.dedup_window:
+                self.ids.popitem(last=False)
+        if self.track_time and entities is not None and times is not None:
+            for entity, t in zip(entities, times):
+                self._remember_time(entity, t)
+
+    def forget(self, ids: Iterable[str]) -> None:
+        """Undo :meth:`remember`'s dedup for readings whose delivery failed (the producer's retry is no duplicate)."""
+        for event_id in ids:
+            self.ids.pop(event_id, None)
+
+    def _remember_id(self, event_id: str) -> None:
+        if self.dedup_window == 0:
+            return
+        self.ids[event_id] = None
+        if len(self.ids) > self.dedup_window:
+            self.ids.popitem(last=False)
+
+    def _remember_time(self, entity: str | None, ts: int | None) -> None:
+        if entity is not None and ts is not None and self.track_time:
+            if ts > self.latest.get(entity, ts - 1):
+                self.latest[entity] = ts
+            self.latest.move_to_end(entity)
+            if len(self.latest) > self.max_keys:
+                self.latest.popitem(last=False)
+
+
 class Validator:
     """Turns raw bytes into a record that satisfies the contract, or raises ``Rejected``.
 
     ``validate*`` check one reading against the contract (pure but for the out-of-order check,
-    which reads the per-device state). ``admit``/``admit_batch`` are the whole path: contract,
-    dedup, rate limits, then remember what was accepted; they count every rejection.
+    which reads each device's latest time). ``admit``/``admit_batch`` are the whole path: contract,
+    dedup, rate limits, then remember what was accepted (:class:`IngestMemory`); they count every
+    rejection.
     """
 
     def __init__(self, schema: dict, settings: IngestSettings, name: str = "ingest"):
@@ -241,8 +304,8 @@ class Validator:
         #: integer fields and the Avro range of each (int: 32 bits, long: 64 bits), for the batch path
         self._int_ranges = {f["name"]: _INT32 if _base_type(f["type"]) == "int" else _INT64
                             for f in schema["fields"] if _base_type(f["type"]) in ("int", "long")}
-        self._seen: OrderedDict[str, None] = OrderedDict()
-        self._latest_ts: OrderedDict[str, int] = OrderedDict()
+        self.memory = IngestMemory(settings.dedup_window, settings.rate_limits.max_keys,
+                                   track_time=settings.max_out_of_order_ms is not None)
         limits = settings.rate_limits
         self._per_client = TokenBuckets(limits.per_client, limits.max_keys) if limits.per_client else None
         self._per_device = TokenBuckets(limits.per_device, limits.max_keys) if limits.per_device else None
@@ -371,7 +434,7 @@ class Validator:
                 raise Rejected("too_old", f"{s.time_field} is {(now_ms - ts) / 1000:.1f}s old (max_age_ms={s.max_age_ms})",
                                field=s.time_field)
             if s.max_out_of_order_ms is not None and entity is not None:
-                latest = self._latest_ts.get(entity)
+                latest = self.memory.latest.get(entity)
                 if latest is not None and ts < latest - s.max_out_of_order_ms:
                     raise Rejected("out_of_order", f"{s.time_field} is {(latest - ts) / 1000:.1f}s behind the latest reading "
                                                    f"of {entity} (max_out_of_order_ms={s.max_out_of_order_ms})",
@@ -379,18 +442,6 @@ class Validator:
         return record
 
     # -- dedup and rate limits -----------------------------------------------------
-    def is_duplicate(self, event_id: str) -> bool:
-        """Remember ``event_id``; True if it was seen within the dedup window."""
-        if self.seen(event_id):
-            self._seen.move_to_end(event_id)
-            return True
-        self._remember_id(event_id)
-        return False
-
-    def seen(self, event_id: str) -> bool:
-        """Whether ``event_id`` was accepted within the dedup window (remembers nothing)."""
-        return self.settings.dedup_window > 0 and event_id in self._seen
-
     def throttle(self, devices: Mapping[str, int], client: str | None, now_s: float) -> None:
         """Take tokens for ``devices`` (device → readings) and ``client``, all or none; raise ``rate_limited``."""
         total = sum(devices.values())
@@ -416,32 +467,16 @@ class Validator:
                 self._per_device.take(d, n)
 
     def accept(self, record: dict) -> None:
-        """Remember an accepted record: its event_id for dedup, its time for the out-of-order check."""
-        self._remember_id(record[self.settings.id_field])
+        """Remember an accepted record (:class:`IngestMemory`), and count its optional fields left empty."""
+        s = self.settings
         for name in self._nullable:
             if record[name] is None:
                 FIELD_MISSING.labels(self.name, name).inc()
-        self._remember_time(record.get(self.settings.entity_field), record.get(self.settings.time_field))
-
-    def _remember_time(self, entity: str | None, ts: int | None) -> None:
-        if entity is not None and ts is not None and self.settings.max_out_of_order_ms is not None:
-            if ts > self._latest_ts.get(entity, ts - 1):
-                self._latest_ts[entity] = ts
-            self._latest_ts.move_to_end(entity)
-            if len(self._latest_ts) > self.settings.rate_limits.max_keys:
-                self._latest_ts.popitem(last=False)
+        self.memory.remember(record[s.id_field], record.get(s.entity_field), record.get(s.time_field))
 
     def forget(self, records: Iterable[dict]) -> None:
         """Undo ``accept`` for records whose delivery failed, so the producer's retry is not taken for a duplicate."""
-        for record in records:
-            self._seen.pop(record[self.settings.id_field], None)
-
-    def _remember_id(self, event_id: str) -> None:
-        if self.settings.dedup_window == 0:
-            return
-        self._seen[event_id] = None
-        if len(self._seen) > self.settings.dedup_window:
-            self._seen.popitem(last=False)
+        self.memory.forget(record[self.settings.id_field] for record in records)
 
     # -- the whole path --------------------------------------------------------------
     def admit(self, key: bytes | None, value: bytes | None, now_ms: int, *, client: str | None = None,
@@ -454,7 +489,7 @@ class Validator:
         """
         try:
             record = self.validate_avro(key, value, now_ms, codec) if codec is not None else self.validate(key, value, now_ms)
-            if self.seen(record[self.settings.id_field]):
+            if self.memory.seen(record[self.settings.id_field]):
                 DUPLICATES.labels(self.name).inc()
                 return None
             self.throttle({record[self.settings.entity_field]: 1}, client, time.monotonic() if now_s is None else now_s)
@@ -514,14 +549,15 @@ class Validator:
                 k is not None and e is not None and k != e for k, e in zip(key_texts, entities)):
             return None
         ids = columns[s.id_field]
-        if s.dedup_window > 0 and (len(set(ids)) != len(ids) or not self._seen.keys().isdisjoint(ids)):
+        if self.memory.seen_any(ids):
             return None
         if s.max_out_of_order_ms is not None and entities is not None and ts is not None:
             latest: dict[str, int] = {}
+            remembered = self.memory.latest
             for entity, t in zip(entities, ts):
                 if entity is None:
                     continue
-                known = latest.get(entity, self._latest_ts.get(entity))
+                known = latest.get(entity, remembered.get(entity))
                 if known is not None and t < known - s.max_out_of_order_ms:
                     return None
                 latest[entity] = t if known is None or t > known else known
@@ -529,13 +565,7 @@ class Validator:
         for name in self._nullable:
             if missing := columns[name].count(None):
                 FIELD_MISSING.labels(self.name, name).inc(missing)
-        if s.dedup_window > 0:
-            self._seen.update(dict.fromkeys(ids))
-            while len(self._seen) > s.dedup_window:
-                self._seen.popitem(last=False)
-        if s.max_out_of_order_ms is not None and entities is not None and ts is not None:
-            for entity, t in zip(entities, ts):
-                self._remember_time(entity, t)
+        self.memory.remember_all(ids, entities, ts)
         return columns
 
     def count(self, exc: Rejected, n: int = 1) -> None:
@@ -565,7 +595,7 @@ class Validator:
             except Rejected as exc:
                 verdict.rejected.append((index, exc))
                 continue
-            if self.seen(record[self.settings.id_field]) or record[self.settings.id_field] in in_batch:
+            if self.memory.seen(record[self.settings.id_field]) or record[self.settings.id_field] in in_batch:
                 verdict.duplicates += 1
                 continue
             in_batch.add(record[self.settings.id_field])

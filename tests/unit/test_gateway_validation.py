@@ -82,7 +82,7 @@ def test_batch_is_all_or_nothing_for_contract_breaches():
     verdict = v.admit_batch([reading(event_id="a"), reading(event_id="b", temperature="hot"), {"x": 1}], NOW, now_s=0)
     assert not verdict.accepted
     assert [(i, e.reason, e.field) for i, e in verdict.rejected] == [(1, "schema", "temperature"), (2, "schema", "x")]
-    assert not v.seen("a")  # nothing of a refused batch is remembered
+    assert not v.memory.seen("a")  # nothing of a refused batch is remembered
 
 
 def test_batch_counts_duplicates_and_throttles_as_a_whole():
@@ -95,7 +95,7 @@ def test_batch_counts_duplicates_and_throttles_as_a_whole():
     verdict = v.admit_batch([reading(event_id=str(i)) for i in range(4)], NOW, client="c", now_s=50)
     assert verdict.throttled.retry_after_s is None  # larger than the burst: can never pass
     v.forget([reading(event_id="a")])
-    assert not v.seen("a") and v.seen("b")
+    assert not v.memory.seen("a") and v.memory.seen("b")
 
 
 def test_batch_checks_each_readings_size():

@@ -140,8 +140,8 @@ def test_batch_path_equals_reading_at_a_time(clean, settings):
     fast, p_fast = outputs(True, stream, **settings)
     slow, p_slow = outputs(False, stream, **settings)
     assert fast == slow
-    assert list(p_fast.validator._seen) == list(p_slow.validator._seen)
-    assert dict(p_fast.validator._latest_ts) == dict(p_slow.validator._latest_ts)
+    assert list(p_fast.validator.memory.ids) == list(p_slow.validator.memory.ids)
+    assert dict(p_fast.validator.memory.latest) == dict(p_slow.validator.memory.latest)
     accepted = sum(1 for o in fast if o[0] == "ok")
     assert p_slow.taken == 0
     if clean and not settings.get("max_out_of_order_ms"):
@@ -158,9 +158,9 @@ def test_clean_batches_take_the_batch_path():
     values = [r.value for r in batch]
     assert p.validator.admit_clean([r.key for r in batch], values, [NOW] * len(batch)) is not None
     # the same readings again: all duplicates now, so the batch path declines and remembers nothing new
-    seen = list(p.validator._seen)
+    seen = list(p.validator.memory.ids)
     assert p.validator.admit_clean([r.key for r in batch], values, [NOW] * len(batch)) is None
-    assert list(p.validator._seen) == seen
+    assert list(p.validator.memory.ids) == seen
 
 
 def test_rate_limits_use_the_reading_at_a_time_path():

@@ -57,7 +57,7 @@ def test_each_breach_is_rejected_with_its_reason(validator, key, value, reason, 
 
 
 def test_dedup_window_remembers_recent_event_ids(validator):
-    assert [validator.is_duplicate(e) for e in ["a", "b", "a", "c", "d", "e", "a"]] == [
+    assert [validator.memory.is_duplicate(e) for e in ["a", "b", "a", "c", "d", "e", "a"]] == [
         False, False, True, False, False, False, False]
 
 
