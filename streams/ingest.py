@@ -236,14 +236,6 @@ class IngestMemory:
         """Whether any of ``ids`` repeats among them or was accepted within the dedup window."""
         return self.dedup_window > 0 and (len(set(ids)) != len(ids) or not self.ids.keys().isdisjoint(ids))
 
-    def is_duplicate(self, event_id: str) -> bool:
-        """Remember ``event_id``; True if it was seen within the dedup window."""
-        if self.seen(event_id):
-            self.ids.move_to_end(event_id)
-            return True
-        self._remember_id(event_id)
-        return False
-
     def remember(self, event_id: str, entity: str | None, ts: int | None) -> None:
         """An accepted reading: its id for dedup, its time for the out-of-order check."""
         self._remember_id(event_id)

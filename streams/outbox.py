@@ -129,10 +129,11 @@ class Outbox:
 
     def _produce(self, out: "Output") -> None:
         """Produce one output whatever its header values are, waiting while the local queue is full."""
-        headers = [(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in out.headers.items()]
         while True:
             try:
-                self.producer.produce(out.topic, out.value, out.key, headers=headers)
+                self.producer.produce(out.topic, out.value, out.key,
+                                      headers=[(k, v if isinstance(v, bytes) else str(v).encode())
+                                               for k, v in out.headers.items()])
                 return
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self.producer.poll(0.1)
@@ -140,7 +141,6 @@ class Outbox:
                 if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE or "dlq.truncated_from_bytes" in out.headers:
                     raise
                 out = self._too_large(out, exc)
-                headers = [(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in out.headers.items()]
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
