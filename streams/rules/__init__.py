@@ -4,6 +4,11 @@
 * :mod:`streams.rules.engine`: compiled rules (rule-engine expressions, never ``eval``), priorities, action ids;
 * :mod:`streams.rules.fusion`: several models' predictions of one entity and window → one (weighted, max, vote);
 * :mod:`streams.rules.degradation`: golden signals, triggers with hysteresis, the L0–L3 level in effect;
+* :mod:`streams.rules.vector`: a compiled rule over a batch's columns at once (numpy, three-valued per row);
+* :mod:`streams.rules.evaluation`: a level's rules over a batch's records → actions, dead letters, safe defaults;
+* :mod:`streams.rules.memory`: one path per entity window, repeats and cooldowns;
+* :mod:`streams.rules.online_reads`: the entities' online features, read from the features processor's rows;
+* :mod:`streams.rules.actions`: the action records and what they carry of the record decided on;
 * :mod:`streams.rules.processor`: :class:`RuleProcessor`, the stream processor;
 * :mod:`streams.rules.check`: the plan-time check that compiles every rule of a topology.
 """

@@ -1,7 +1,7 @@
 """The rule processor decides a batch read as columns exactly as it decides the same records one by one.
 
 A batch of at least ``SMALL_BATCH`` predictions of one topic is decoded as columns and every rule runs over
-all of it at once (``RuleProcessor._evaluate_columns``); smaller batches go record by record. The same
+all of it at once (``Evaluation.evaluate_columns``); smaller batches go record by record. The same
 records, fed once as one batch and once in batches too small for columns, must give the same outputs,
 byte for byte and in the same order: actions, cooldowns and priorities held back, dead letters for rules
 that cannot be evaluated (NaN, a null online feature, an entity without online features).
@@ -74,6 +74,12 @@ class Processor(RuleProcessor):
                          redis_url="redis://127.0.0.1:1/0", settings=settings, app="pm", online=layout)
         self.table = online
         self.columns_batches = 0
+        evaluate_columns = self.evaluation.evaluate_columns
+
+        def counted(*args, **kwargs):
+            self.columns_batches += 1
+            return evaluate_columns(*args, **kwargs)
+        self.evaluation.evaluate_columns = counted  # type: ignore[method-assign]
 
     def _read_online(self, entities: list[str]) -> OnlineRows:
         layout, unique = self.online.layout, list(dict.fromkeys(entities))
@@ -83,10 +89,6 @@ class Processor(RuleProcessor):
             stored = layout.encode_row(row) if row is not None else {}
             replies.append([stored.get(field) for field in layout.read_fields])
         return OnlineRows(layout, unique, replies)
-
-    def _evaluate_columns(self, *args, **kwargs):
-        self.columns_batches += 1
-        return super()._evaluate_columns(*args, **kwargs)
 
 
 def predictions(n: int, devices: int, seed: int) -> list[Record]:
