@@ -5,7 +5,7 @@ processor below, the HTTP and MQTT gateways in ``streams.gateway``): size,
 encoding, JSON or Confluent-framed Avro, the Avro contract (required fields,
 types, no unknown fields), value ranges declared in the topology, timestamp
 sanity (future, too old, out of order per device), per-client and per-device
-rate limits (token buckets) and dedup by ``event_id``. It does no I/O, so it is
+rate limits (``RateLimiter``: token buckets) and dedup by ``event_id`` (``IngestMemory``). It does no I/O, so it is
 tested without Kafka; every rejection is counted in
 ``tangram_ingest_rejected_total{stream,reason}``.
 ``IngestValidator`` is the Kafka adapter: raw JSON (or Avro) topic → Avro topic.
@@ -143,6 +143,44 @@ class TokenBuckets:
             bucket[0] = min(self.burst, bucket[0] + elapsed * self.rate)
             bucket[1] = max(bucket[1], now_s)
         return bucket
+
+
+class RateLimiter:
+    """The declared rate limits of one ingest stage: a token bucket per client and per device (either optional)."""
+
+    def __init__(self, limits: RateLimitSettings):
+        self.limits = limits
+        self._per_client = TokenBuckets(limits.per_client, limits.max_keys) if limits.per_client else None
+        self._per_device = TokenBuckets(limits.per_device, limits.max_keys) if limits.per_device else None
+
+    @property
+    def declared(self) -> bool:
+        """Whether any limit is declared (none: nothing is ever throttled)."""
+        return self._per_client is not None or self._per_device is not None
+
+    def throttle(self, devices: Mapping[str, int], client: str | None, now_s: float) -> None:
+        """Take tokens for ``devices`` (device → readings) and ``client``, all or none; raise ``rate_limited``."""
+        total = sum(devices.values())
+        waits: list[tuple[float, str]] = []
+        if self._per_client is not None and client is not None:
+            waits.append((self._per_client.shortfall(client, total, now_s), f"client {client!r}"))
+        if self._per_device is not None:
+            waits += [(self._per_device.shortfall(d, n, now_s), f"device {d!r}") for d, n in devices.items()]
+        if waits:
+            wait, who = max(waits)
+            if wait > 0:
+                limits = self.limits
+                bucket = limits.per_client if who.startswith("client") else limits.per_device
+                hint = ("more than the burst at once: send smaller batches" if math.isinf(wait)
+                        else f"retry in {wait:.2f}s")
+                raise Rejected("rate_limited", f"{who} is over its limit of {bucket.rate_per_s:g}/s "
+                                               f"(burst {bucket.burst}); {hint}",
+                               retry_after_s=wait if not math.isinf(wait) else None)
+        if self._per_client is not None and client is not None:
+            self._per_client.take(client, total)
+        if self._per_device is not None:
+            for d, n in devices.items():
+                self._per_device.take(d, n)
 
 
 @dataclass
@@ -298,9 +336,7 @@ class Validator:
                             for f in schema["fields"] if _base_type(f["type"]) in ("int", "long")}
         self.memory = IngestMemory(settings.dedup_window, settings.rate_limits.max_keys,
                                    track_time=settings.max_out_of_order_ms is not None)
-        limits = settings.rate_limits
-        self._per_client = TokenBuckets(limits.per_client, limits.max_keys) if limits.per_client else None
-        self._per_device = TokenBuckets(limits.per_device, limits.max_keys) if limits.per_device else None
+        self.rate_limiter = RateLimiter(settings.rate_limits)
 
     # -- the contract --------------------------------------------------------------
     def validate(self, key: bytes | None, value: bytes | None, now_ms: int) -> dict:
@@ -433,31 +469,7 @@ class Validator:
                                    field=s.time_field)
         return record
 
-    # -- dedup and rate limits -----------------------------------------------------
-    def throttle(self, devices: Mapping[str, int], client: str | None, now_s: float) -> None:
-        """Take tokens for ``devices`` (device → readings) and ``client``, all or none; raise ``rate_limited``."""
-        total = sum(devices.values())
-        waits: list[tuple[float, str]] = []
-        if self._per_client is not None and client is not None:
-            waits.append((self._per_client.shortfall(client, total, now_s), f"client {client!r}"))
-        if self._per_device is not None:
-            waits += [(self._per_device.shortfall(d, n, now_s), f"device {d!r}") for d, n in devices.items()]
-        if waits:
-            wait, who = max(waits)
-            if wait > 0:
-                limits = self.settings.rate_limits
-                bucket = limits.per_client if who.startswith("client") else limits.per_device
-                hint = ("more than the burst at once: send smaller batches" if math.isinf(wait)
-                        else f"retry in {wait:.2f}s")
-                raise Rejected("rate_limited", f"{who} is over its limit of {bucket.rate_per_s:g}/s "
-                                               f"(burst {bucket.burst}); {hint}",
-                               retry_after_s=wait if not math.isinf(wait) else None)
-        if self._per_client is not None and client is not None:
-            self._per_client.take(client, total)
-        if self._per_device is not None:
-            for d, n in devices.items():
-                self._per_device.take(d, n)
-
+    # -- what was accepted ---------------------------------------------------------
     def accept(self, record: dict) -> None:
         """Remember an accepted record (:class:`IngestMemory`), and count its optional fields left empty."""
         s = self.settings
@@ -484,7 +496,8 @@ class Validator:
             if self.memory.seen(record[self.settings.id_field]):
                 DUPLICATES.labels(self.name).inc()
                 return None
-            self.throttle({record[self.settings.entity_field]: 1}, client, time.monotonic() if now_s is None else now_s)
+            self.rate_limiter.throttle({record[self.settings.entity_field]: 1}, client,
+                                       time.monotonic() if now_s is None else now_s)
         except Rejected as exc:
             self.count(exc)
             raise
@@ -500,8 +513,8 @@ class Validator:
         reading at a time, which says precisely what is wrong with which. Same checks, same
         outcome for a clean batch, a fraction of the cost.
         """
-        s, limits = self.settings, self.settings.rate_limits
-        if self._allowed is None or limits.per_client or limits.per_device:
+        s = self.settings
+        if self._allowed is None or self.rate_limiter.declared:
             return None
         if None in values or max(map(len, values)) > s.max_record_bytes:
             return None
@@ -602,7 +615,7 @@ class Validator:
         for _, record in candidates:
             devices[record[self.settings.entity_field]] = devices.get(record[self.settings.entity_field], 0) + 1
         try:
-            self.throttle(devices, client, time.monotonic() if now_s is None else now_s)
+            self.rate_limiter.throttle(devices, client, time.monotonic() if now_s is None else now_s)
         except Rejected as exc:
             self.count(exc, len(candidates))
             verdict.throttled = exc
