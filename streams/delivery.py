@@ -55,7 +55,8 @@ Backpressure
     whether it is ``ready()``. Then it resumes, reads the same records again and
     retries them. Works the same in both delivery modes (:mod:`streams.backpressure`).
 
-The loop's producer, its acknowledgements and transactions: :mod:`streams.outbox`.
+The loop's producer, its acknowledgements and transactions: :mod:`streams.outbox`; the partitions it owns and
+the positions it commits of them: :mod:`streams.offsets`.
 """
 
 from __future__ import annotations
@@ -79,10 +80,11 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
 from streams.backpressure import Backpressure, first_offsets
 from streams.errors import BackpressureError, DeliveryError
+from streams.offsets import Offsets
 from streams.outbox import Outbox
 from streams.security.kafka import KafkaConnection
 
@@ -94,10 +96,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tangram.delivery")
 
 RECORDS_IN = Counter("tangram_processor_records_in_total", "Records consumed.", ["processor"])
-COMMIT_FAILURES = Counter("tangram_processor_commit_failures_total",
-                          "Offset commits the broker refused (those records are read again).", ["processor"])
-LAG = Gauge("tangram_processor_consumer_lag_records", "Records not yet committed, per input partition.",
-            ["processor", "topic", "partition"])
 INGEST_TO_COMMIT = Histogram(
     "tangram_processor_ingest_to_commit_seconds",
     "From a record's originating event entering Tangram (ingest_ms header) to this stage committing it (sampled).",
@@ -471,11 +469,10 @@ class Runner:
                 "session.timeout.ms": config.session_timeout_ms,
                 "heartbeat.interval.ms": max(config.session_timeout_ms // 3, 100),
                 **({"group.instance.id": config.group_instance_id} if config.group_instance_id else {}),
-                "on_commit": self._on_commit,
+                "on_commit": lambda err, partitions: self.offsets.on_commit(err, partitions),
             })
         )
-        self._committed: dict[tuple[str, int], int] = {}  # the newest position handed to commit, per partition
-        self._commit_refused = False  # the broker refused a commit: made again when the loop is next idle
+        self.offsets = Offsets(self.consumer, processor.name, config.exactly_once, self.log)
         self.outbox = Outbox(processor.name, config, client_id, producer)
         self._submitted: collections.deque[_Submitted] = collections.deque()  # submitted, outputs not produced yet
         self._pending: _Sent | None = None  # a pipelined processor's batch: produced, acks and commit outstanding
@@ -485,9 +482,6 @@ class Runner:
         self._rewound: dict[tuple[str, int], int] = {}  # partitions sought back in a rebalance callback
         self._in_callback = False
         self._revoked: set[tuple[str, int]] = set()  # partitions revoked during the current fetch
-        # the partitions assigned, as the rebalance callbacks said (consumer.assignment() asks librdkafka's own
-        # thread and waits for its answer: a round trip per commit on the hot path)
-        self._owned: set[tuple[str, int]] = set()
         self.backpressure = Backpressure(processor, self.consumer, config, self._stop, self._usable)
         self._watchdog: Watchdog | None = None  # set for a processor that is a process of its own
         #: Freeze the heap after setup (``gc.freeze``): for a loop that is its process's own work (``tangram run``,
@@ -552,8 +546,8 @@ class Runner:
                     if self._writing is not None:  # nothing came while they were written
                         self._settle()
                         continue
-                    if self._commit_refused:
-                        self._commit_again()
+                    if self.offsets.refused:
+                        self.offsets.commit_again()
                     if outputs := self.processor.idle():
                         self._complete(self._send(outputs, [], []))
                     continue
@@ -632,35 +626,9 @@ class Runner:
             self.processor.close()
         finally:
             self.outbox.close()
-            self._commit_sync(list(self._committed))
+            self.offsets.commit_sync()
             self.consumer.close()
             self.log.info("%s stopped", self.processor.name)
-
-    def _commit_sync(self, partitions: list[tuple[str, int]]) -> None:
-        """Commit the newest delivered positions of ``partitions`` and wait (revocation, shutdown)."""
-        offsets = [TopicPartition(t, p, self._committed[(t, p)]) for t, p in partitions if (t, p) in self._committed]
-        if not offsets or self.config.exactly_once:
-            return
-        try:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:  # e.g. the partitions already moved: their new owner reads them again
-            self.log.warning("final commit of %d partition(s) failed, they will be read again: %s", len(offsets), exc)
-
-    def _commit_again(self) -> None:
-        """Commit again the newest delivered positions of the partitions still owned, after the broker refused a
-        commit (typically a rebalance moved the group to a new generation meanwhile): an idle partition would
-        otherwise keep the old position until its next batch, and a restart would read that much again."""
-        self._commit_refused = False
-        if self._committed:
-            self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in self._committed.items()],
-                                 asynchronous=True)
-
-    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        if err is not None and err.code() != KafkaError._NO_OFFSET:
-            self._commit_refused = True  # made again when the loop is next idle
-            COMMIT_FAILURES.labels(self.processor.name).inc()
-            self.log.warning("offset commit refused, made again when idle (a restart before then reads those "
-                             "records again): %s", err.str())
 
     # -- backpressure ------------------------------------------------------------------
     def _flush_side_effects(self, wait: bool = True) -> Future | None:
@@ -778,11 +746,7 @@ class Runner:
     def _commit_delivered(self, batches: list["_Sent"]) -> None:
         """Commit the offsets of batches whose outputs are acknowledged and side effects written."""
         transactional = self.config.exactly_once
-        # a later batch's position of a partition supersedes an earlier one's; one revoked while the side
-        # effects waited is its new owner's now
-        owned = self._owned
-        offsets = list({(tp.topic, tp.partition): tp for sent in batches for tp in sent.offsets
-                        if (tp.topic, tp.partition) in owned}.values())
+        offsets = self.offsets.owned_of(tp for sent in batches for tp in sent.offsets)
         if transactional:
             # The broker aborts a transaction open longer than its timeout: no use waiting longer for either call.
             # librdkafka may block past the timeout it is given when the group coordinator went away (a broker
@@ -809,13 +773,8 @@ class Runner:
                                  len(records), exc.args[0].str())
                 self._drop_in_flight(records)
                 return
-        elif offsets:
-            # Asynchronous: the outputs are acknowledged already, so the guarantee holds whenever the
-            # commit lands; a commit lost to a crash only means those records are read once more.
-            # Revocation and shutdown commit synchronously (``_on_revoke``, ``close``).
-            self.consumer.commit(offsets=offsets, asynchronous=True)
-            for tp in offsets:
-                self._committed[(tp.topic, tp.partition)] = tp.offset
+        else:
+            self.offsets.commit(offsets)  # asynchronous: the outputs are acknowledged already
         name = self.processor.name
         for sent in batches:
             for topic, n in collections.Counter(out.topic for out in sent.outputs).items():
@@ -826,7 +785,7 @@ class Runner:
             if sent.records:
                 BATCH_SECONDS.labels(name).observe(time.perf_counter() - sent.started)
                 self._observe_latency(sent.records)
-        self._observe(offsets)
+        self.offsets.observe_lag(offsets)
 
     def _observe_latency(self, records: list[Record], sample: int = 4) -> None:
         """Ingest-to-commit latency of up to ``sample`` records of the batch, evenly spaced."""
@@ -836,16 +795,6 @@ class Runner:
             ingest = record.headers.get(H_INGEST_MS)
             if ingest:
                 histogram.observe(max(0.0, now_ms - int(ingest)) / 1000)
-
-    def _observe(self, positions: list[TopicPartition]) -> None:
-        """Consumer lag per partition after a commit, from the high watermarks the last fetch brought."""
-        for tp in positions:
-            try:
-                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
-            except KafkaException:
-                continue
-            if high >= 0:
-                LAG.labels(self.processor.name, tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
 
     def _positions(self, records: Iterable[Record]) -> list[TopicPartition]:
         """Next offset to read per partition, held back to what stateful processors still need."""
@@ -871,7 +820,7 @@ class Runner:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.assignments += 1
-        self._owned.update((p.topic, p.partition) for p in partitions)
+        self.offsets.assigned(partitions)
         self.log.info("partitions assigned: %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions) or "none")
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -890,8 +839,5 @@ class Runner:
             self._drop_in_flight([], revoked={(p.topic, p.partition) for p in partitions})
         finally:
             self._in_callback = False
-        self._commit_sync([(p.topic, p.partition) for p in partitions])
-        for p in partitions:
-            self._committed.pop((p.topic, p.partition), None)
-            self._owned.discard((p.topic, p.partition))
+        self.offsets.release(partitions)
         self.processor.on_revoke(partitions)

@@ -59,7 +59,7 @@ def loop(partitions: int = 1, **config) -> tuple[Runner, Copy, FakeConsumer, Fak
     runner = Runner(copy, RunnerConfig(kafka=KafkaConnection("fake:9092"), group_id="g", inputs=("in",), **settings),
                     consumer=consumer, producer=producer)
     copy.runner = runner
-    consumer.on_commit = runner._on_commit  # the callback the consumer's configuration names
+    consumer.on_commit = runner.offsets.on_commit  # the callback the consumer's configuration names
     return runner, copy, consumer, producer
 
 
@@ -221,7 +221,7 @@ def test_a_processor_that_reads_few_headers_gets_them_lazily_with_the_same_value
     lazy = Lazy(clock, producer, consumer)
     runner = Runner(lazy, RunnerConfig(kafka=KafkaConnection("fake:9092"), group_id="g", inputs=("in",), batch_size=10,
                                        max_wait_ms=100, linger_ms=5), consumer=consumer, producer=producer)
-    consumer.on_commit = runner._on_commit
+    consumer.on_commit = runner.offsets.on_commit
     consumer.arrive("in", 0, [b"a"], at=0.010, headers=[("trace_id", b"t1")])
     consumer.arrive("in", 0, [b"b"], at=0.011)
     runner.run(max_batches=1)
