@@ -205,7 +205,9 @@ def build(settings: StackSettings) -> list[ManagedProcess]:
                           "--http-port", str(settings.triton_http_port),
                           "--grpc-port", str(settings.triton_grpc_port),
                           "--metrics-port", str(settings.triton_metrics_port)],
-            marker=str(TRITON_SERVER),
+            # the script as any installation names it (a checkout, a wheel): a stack brought up by one is
+            # stopped by another, never left running with its pid file gone
+            marker=f"{TRITON_SERVER.parent.name}/{TRITON_SERVER.name}",
             host=h,
             ports={"http": settings.triton_http_port, "grpc": settings.triton_grpc_port,
                    "metrics": settings.triton_metrics_port},

@@ -118,3 +118,34 @@ def test_the_stack_redis_persists_by_its_append_only_file_alone(tmp_path):
     argv = redis_server.argv()
     options = dict(zip(argv[1::2], argv[2::2]))
     assert options["--appendonly"] == "yes" and options["--save"] == ""
+
+
+def test_a_triton_started_by_another_installation_is_still_this_stacks_to_stop(tmp_path):
+    """A stack brought up from one checkout (or wheel) and taken down from another: the pid file's Triton is
+    recognised by the script's package-relative name, stopped, and not left running with its pid file gone."""
+    import subprocess
+    import sys
+
+    from streams.stack import components
+
+    [triton] = [p for p in components.build(StackSettings(home=tmp_path)) if p.component == "triton"]
+    other = tmp_path / "elsewhere" / "inference_workers" / "triton_server.py"  # another installation's script
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(other)], start_new_session=True)
+    try:
+        triton.pid_path.parent.mkdir(parents=True, exist_ok=True)
+        triton.pid_path.write_text(f"{proc.pid}\n")
+        assert triton.pid() == proc.pid
+        assert triton.stop()
+        assert proc.wait(timeout=10) is not None and not triton.pid_path.exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:  # a pid file naming some other program (a recycled pid) is stale, and that program is left alone
+        triton.pid_path.write_text(f"{unrelated.pid}\n")
+        assert triton.pid() is None and not triton.pid_path.exists()
+        assert unrelated.poll() is None
+    finally:
+        unrelated.kill()
+        unrelated.wait()
