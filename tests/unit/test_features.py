@@ -304,6 +304,12 @@ def test_the_demo_scoreboard_shows_the_served_models_accuracy_with_and_without_t
                           for k in ("metrics", "metrics_without_attributes", "metrics_with_defaults"))
     assert board.figures["anomaly held-out accuracy with / without attributes / with defaults"] == expected
     filtered = next(i for i, n in enumerate(board.notes) if n.startswith("readings of devices not online"))
+    sent = simulator.fleet.sent_not_online["status=maintenance"]
+    assert sent == 100 and board.notes[filtered] == ("readings of devices not online (status=maintenance): 100 sent, "
+                                                     "90 filtered out by the feature stage")
+    again = simulator.score(Observed(start_ms=0, truth=truth, filtered={"status=maintenance": 129}, model_cards=cards))
+    assert any(n.endswith("129 filtered out by the feature stage (29 more than sent: an earlier run's readings on "
+                          "this stack, read again as the feature stage started)") for n in again.notes)
     assert board.notes[filtered + 1].startswith(f"model anomaly v1 ({card['dataset_version']}), held-out accuracy "
                                                 f"over {card['test_windows']:,} windows: ")
     assert "rated_temperature, rated_current, rated_rpm" in board.notes[filtered + 1]

@@ -452,8 +452,13 @@ class FleetSimulator(Simulator):
         notes += [f"  {a['action_type']} {a['device_id']} rule={a['rule']} window_end={a['window_end']}"
                   for a in false_alarms]
         for why, sent in sorted(self.fleet.sent_not_online.items()):
+            filtered = observed.filtered.get(why, 0)
+            # the stage's counter starts with its process: on a stack that ran the app before, it also counts the
+            # earlier run's last readings, read again as the stage started (at-least-once)
+            again = (f" ({filtered - sent:,} more than sent: an earlier run's readings on this stack, read again "
+                     "as the feature stage started)" if filtered > sent else "")
             notes.append(f"readings of devices not online ({why}): {sent:,} sent, "
-                         f"{observed.filtered.get(why, 0):,} filtered out by the feature stage")
+                         f"{filtered:,} filtered out by the feature stage{again}")
         accuracy = attribute_accuracy(observed.model_cards)
         notes += [line for line, _ in accuracy.values()]
         delays = [d for f in faults.values() for d in f["delays_s"]]
