@@ -49,10 +49,13 @@ def running(stack, tmp_path_factory):
                                                         realtime=False))
         flush(out, 30)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            drift = scrape(next(e["metrics_url"] for e in procs.endpoints() if e["name"] == "drift"))
-            if all(drift.total("tangram_monitor_drift_evaluations_total", monitor=m) >= 1
-                   for m in ("features", "predictions")):
+        writers = [name for name, spec in topology.processors.items() if spec.outputs]
+        while time.monotonic() < deadline:  # drift evaluated both streams, and every writer's outputs are out
+            now = _scrape_all(procs)
+            if all(now["drift"].total("tangram_monitor_drift_evaluations_total", monitor=m) >= 1
+                   for m in ("features", "predictions")) and \
+                    all(now[n].total("tangram_processor_records_out_total", processor=n) >
+                        before[n].total("tangram_processor_records_out_total", processor=n) for n in writers):
                 break
             time.sleep(1)
         yield {"procs": procs, "path": path, "topology": topology, "before": before, "after": _scrape_all(procs),
