@@ -164,6 +164,7 @@ class Evaluation:
         reads = self._online_reads(rules) is not None
         # what a firing reads of its prediction: the action's fields and the rules' symbols the prediction carries
         fields = self.action_reads.union(*(r.symbols for r in rules)) & self.prediction_fields
+        blank = _blank(rules)
         outputs: list[Output] = []
         for j in np.flatnonzero(holds.any(axis=0) | ~decided).tolist():
             i = todo[j]
@@ -181,7 +182,7 @@ class Evaluation:
                 fired_types.add(rule.spec.action)
                 if not self._rule_held_back(rule, entity, end):
                     value = predictions.fields(i, fields)
-                    context = {**_blank(rules), **(online.get(entity, {}) if reads else {}), **value}
+                    context = {**blank, **(online.get(entity, {}) if reads else {}), **value}
                     outputs.append(self._fire(book, rule, record, value, context, level, ()))
         return outputs
 
